@@ -1,0 +1,169 @@
+"""Driver end of the channel: an authenticated TCP server that ranks report to."""
+from __future__ import annotations
+
+import functools
+import logging
+import socket
+import threading
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from sparkddl.channel import protocol
+
+log = logging.getLogger(__name__)
+
+HANDSHAKE_TIMEOUT_S = 10.0
+
+
+@dataclass
+class Message:
+    """One frame received from a rank; ``reply`` sends a control frame back to that rank."""
+
+    rank: int
+    header: dict[str, Any]
+    payload: bytes = b""
+    reply: Callable[[dict[str, Any]], None] = lambda header: None
+
+    @property
+    def type(self) -> str:
+        return str(self.header.get("type", ""))
+
+
+Handler = Callable[[Message], None]
+
+
+class _Connection:
+    def __init__(self, sock: socket.socket, peer: str):
+        self.sock = sock
+        self.peer = peer
+        self.rank = -1
+        self.lock = threading.Lock()
+
+    def send(self, header: dict[str, Any], payload: bytes = b"") -> None:
+        with self.lock:
+            protocol.send_frame(self.sock, header, payload)
+
+
+class DriverChannel:
+    """Accepts rank connections that prove they hold the run's secret and hands every
+    frame they send to ``handler`` (called on the connection's thread).
+
+    ``rejected`` counts connections dropped for a bad handshake or an oversized/malformed
+    frame; training is never affected by them.
+    """
+
+    def __init__(self, handler: Handler, bind_host: str = "0.0.0.0", advertise_host: str = "",
+                 secret: str | None = None,
+                 max_payload: int = protocol.DEFAULT_MAX_PAYLOAD_BYTES):
+        self.secret = secret or protocol.new_secret()
+        self._handler = handler
+        self._max_payload = max_payload
+        self._listener = socket.create_server((bind_host, 0), backlog=128)
+        self.port = self._listener.getsockname()[1]
+        self.host = advertise_host or socket.gethostname()
+        self._conns: list[_Connection] = []
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+        self.rejected = 0
+        self._thread = threading.Thread(target=self._accept_loop, name="sparkddl-channel",
+                                        daemon=True)
+        self._thread.start()
+
+    @property
+    def address(self) -> tuple[str, int]:
+        return self.host, self.port
+
+    def __enter__(self) -> "DriverChannel":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def send_to_ranks(self, header: dict[str, Any]) -> None:
+        """Send a control frame (e.g. a stop flag) to every connected rank."""
+        with self._lock:
+            conns = [c for c in self._conns if c.rank >= 0]
+        for conn in conns:
+            _send_quietly(conn, header)
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the thread blocked in accept()
+        except OSError:
+            pass
+        self._listener.close()
+        with self._lock:
+            conns, self._conns = self._conns, []
+        for conn in conns:
+            _close_quietly(conn.sock)
+
+    def _accept_loop(self) -> None:
+        while not self._closed.is_set():
+            try:
+                sock, addr = self._listener.accept()
+            except OSError:
+                return
+            conn = _Connection(sock, f"{addr[0]}:{addr[1]}")
+            threading.Thread(target=self._serve, args=(conn,), daemon=True,
+                             name=f"sparkddl-channel-{conn.peer}").start()
+
+    def _serve(self, conn: _Connection) -> None:
+        try:
+            conn.sock.settimeout(HANDSHAKE_TIMEOUT_S)
+            protocol.server_handshake(conn.sock, self.secret)
+            header, _ = protocol.recv_frame(conn.sock, max_payload=0)
+            if header.get("type") != "hello" or not isinstance(header.get("rank"), int):
+                raise protocol.ProtocolError("first frame was not a hello with a rank")
+            conn.rank = header["rank"]
+            conn.sock.settimeout(None)
+        except (OSError, protocol.ProtocolError) as exc:
+            self._reject(conn, exc)
+            return
+        with self._lock:
+            self._conns.append(conn)
+        reply = functools.partial(_send_quietly, conn)
+        self._dispatch(Message(conn.rank, header, reply=reply))
+        try:
+            while True:
+                header, payload = protocol.recv_frame(conn.sock, self._max_payload)
+                self._dispatch(Message(conn.rank, header, payload, reply))
+        except protocol.ProtocolError as exc:
+            self._reject(conn, exc)
+        except OSError:
+            pass  # the rank closed its end: normal at the end of a task
+        finally:
+            with self._lock:
+                if conn in self._conns:
+                    self._conns.remove(conn)
+            _close_quietly(conn.sock)
+
+    def _dispatch(self, msg: Message) -> None:
+        try:
+            self._handler(msg)
+        except Exception:  # a bad handler must not take the channel down
+            log.exception("channel handler failed on a %r message from rank %d", msg.type, msg.rank)
+
+    def _reject(self, conn: _Connection, exc: Exception) -> None:
+        if self._closed.is_set():
+            return
+        self.rejected += 1
+        who = f"rank {conn.rank}" if conn.rank >= 0 else conn.peer
+        log.warning("channel dropped a connection from %s: %s", who, exc)
+        _close_quietly(conn.sock)
+
+
+def _send_quietly(conn: _Connection, header: dict[str, Any]) -> None:
+    try:
+        conn.send(header)
+    except OSError as exc:  # the rank went away; its task failure is reported elsewhere
+        log.debug("could not send %s to rank %d: %s", header.get("type"), conn.rank, exc)
+
+
+def _close_quietly(sock: socket.socket) -> None:
+    try:
+        sock.close()
+    except OSError:
+        pass

@@ -1,0 +1,83 @@
+"""One exception hierarchy for everything sparkddl raises on purpose.
+
+Messages say what was seen, what was expected, and how to fix it.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class SparkDDLError(Exception):
+    """Base class of every error sparkddl raises deliberately."""
+
+
+class ConfigError(SparkDDLError, ValueError):
+    """An argument, Param or config value is invalid."""
+
+
+class ClusterError(SparkDDLError):
+    """The Spark cluster cannot run the requested barrier stage as configured."""
+
+
+class DataError(SparkDDLError, ValueError):
+    """The training data is missing, malformed or too small."""
+
+
+class StoreError(SparkDDLError):
+    """A Store location cannot be used (bad URI, not writable, missing files)."""
+
+
+class CheckpointError(SparkDDLError):
+    """No usable checkpoint could be written or read."""
+
+
+@dataclass
+class RankFailure:
+    """What one rank reported when it failed."""
+
+    rank: int
+    message: str
+    traceback: str = ""
+    host: str = ""
+
+
+class TrainingFailedError(SparkDDLError):
+    """One or more ranks failed; carries each failing rank's traceback text.
+
+    Attributes:
+        failures: one :class:`RankFailure` per rank that reported an error, in the order the
+            reports arrived: the first is usually the cause, later ones its consequences
+            (peers whose collectives broke).
+        ranks: the failing ranks, sorted.
+        spark_error: the error Spark reported for the barrier stage, if any.
+        attempts: how many times the barrier stage was launched.
+    """
+
+    def __init__(self, failures: list[RankFailure], spark_error: str = "", attempts: int = 1,
+                 reason: str = ""):
+        self.failures = list(failures)
+        self.spark_error = spark_error
+        self.attempts = attempts
+        self.reason = reason
+        super().__init__(self._render())
+
+    @property
+    def ranks(self) -> list[int]:
+        return sorted(f.rank for f in self.failures)
+
+    def _render(self) -> str:
+        head = self.reason or "training failed"
+        if self.failures:
+            head += f" on rank(s) {', '.join(str(r) for r in self.ranks)}"
+        if self.attempts > 1:
+            head += f" after {self.attempts} attempts"
+        parts = [head + "."]
+        for i, f in enumerate(self.failures):
+            where = f" on {f.host}" if f.host else ""
+            first = " (first to fail)" if i == 0 and len(self.failures) > 1 else ""
+            parts.append(f"--- rank {f.rank}{where}{first}: {f.message}")
+            if f.traceback:
+                parts.append(f.traceback.rstrip())
+        if self.spark_error and not self.failures:
+            parts.append(f"Spark reported: {self.spark_error.strip()}")
+        return "\n".join(parts)

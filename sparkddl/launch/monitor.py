@@ -1,0 +1,97 @@
+"""Driver-side handling of what ranks send: live logs and failure reports."""
+from __future__ import annotations
+
+import re
+import sys
+import threading
+from typing import Callable
+
+from sparkddl.channel.server import Message
+from sparkddl.errors import RankFailure
+
+MessageHook = Callable[[Message], None]
+
+
+class StageMonitor:
+    """Prints rank output as it arrives and records rank failures.
+
+    ``wake`` is set whenever something the waiting driver must react to happens (a failure
+    report); ``hook`` receives every other message type (metrics, snapshots, ...).
+    """
+
+    def __init__(self, hook: MessageHook | None = None):
+        self.hook = hook
+        self.failures: dict[int, RankFailure] = {}
+        self.finished: set[int] = set()
+        self.wake = threading.Event()
+        self.broadcast: Callable[[dict], None] = lambda header: None
+        self._rendezvous: dict | None = None
+        self._partial: dict[tuple[int, str], list[str]] = {}
+        self._lock = threading.Lock()
+
+    def handle(self, msg: Message) -> None:
+        if msg.type in ("hello", "rendezvous"):
+            self._relay_rendezvous(msg)
+        elif msg.type == "log":
+            self._print(msg)
+        elif msg.type == "error":
+            with self._lock:
+                self.failures[msg.rank] = RankFailure(
+                    rank=msg.rank, message=str(msg.header.get("message", "")),
+                    traceback=str(msg.header.get("traceback", "")),
+                    host=str(msg.header.get("host", "")))
+            self.wake.set()
+        elif msg.type == "done":
+            self.finished.add(msg.rank)
+        elif self.hook is not None:
+            self.hook(msg)
+
+    def _relay_rendezvous(self, msg: Message) -> None:
+        """Rank 0 reports its store's real port; every rank gets it, whenever it connects.
+        (Spark's allGather would do the same but polls in one-second sleeps.)"""
+        with self._lock:
+            if msg.type == "rendezvous" and msg.rank == 0:
+                self._rendezvous = {"type": "rendezvous", "port": msg.header.get("port")}
+                self.broadcast(self._rendezvous)
+            elif msg.type == "hello" and self._rendezvous is not None:
+                msg.reply(self._rendezvous)
+
+    def _print(self, msg: Message) -> None:
+        stream_name = "stderr" if msg.header.get("stream") == "stderr" else "stdout"
+        key = (msg.rank, stream_name)
+        text = msg.payload.decode("utf-8", "replace")
+        with self._lock:
+            pieces = self._partial.setdefault(key, [])
+            pieces.append(text)
+            if msg.header.get("partial"):
+                return
+            line = "".join(self._partial.pop(key))
+        # looked up at write time so notebooks and test captures that swap streams see it
+        stream = sys.stderr if stream_name == "stderr" else sys.stdout
+        stream.write(f"[rank {msg.rank}] {line}\n")
+        stream.flush()
+
+
+_TASK_PATTERNS = (re.compile(r"ResultTask\(\d+, (\d+)\)"),
+                  re.compile(r"[Ll]ost task (\d+)\.\d+ in stage"))
+
+
+def failures_from_spark_error(text: str) -> list[RankFailure]:
+    """Recover the failing rank and the Python traceback from Spark's job error text, for
+    failures the rank could not report itself (e.g. its process died)."""
+    rank = next((int(m.group(1)) for p in _TASK_PATTERNS for m in [p.search(text)] if m), None)
+    if rank is None:
+        return []
+    tb = ""
+    if "PythonException:" in text:
+        tb = text.split("PythonException:", 1)[1]
+        tb = re.split(r"\n\s+at |\n\tat ", tb, maxsplit=1)[0].strip()
+    message = tb.strip().splitlines()[-1] if tb.strip() else _first_reason(text)
+    return [RankFailure(rank=rank, message=message, traceback=tb)]
+
+
+def _first_reason(text: str) -> str:
+    for line in text.splitlines():
+        if "Exception" in line or "exited" in line or "crashed" in line or "lost" in line.lower():
+            return line.strip()[:500]
+    return text.strip().splitlines()[0][:500] if text.strip() else "unknown failure"

@@ -1,0 +1,110 @@
+"""Submit one barrier stage, watch it through the driver channel, and fail fast."""
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import time
+import uuid
+from typing import Any, Callable
+
+from sparkddl.channel.server import DriverChannel
+from sparkddl.errors import TrainingFailedError
+from sparkddl.launch.monitor import MessageHook, StageMonitor, failures_from_spark_error
+from sparkddl.task.bootstrap import barrier_entry
+from sparkddl.task.spec import TaskSpec
+
+log = logging.getLogger(__name__)
+
+# after the first failure report, wait this long for the other ranks' reports
+FAILURE_GRACE_S = 0.5
+# how long to wait for Spark to wind the stage down after a cancel
+CANCEL_WAIT_S = 30.0
+
+SpecFactory = Callable[[DriverChannel], TaskSpec]
+
+
+class _Job(threading.Thread):
+    """Runs the barrier stage's collect() under its own job group so it can be cancelled."""
+
+    def __init__(self, sc: Any, spec: TaskSpec, group: str, description: str,
+                 wake: threading.Event):
+        super().__init__(name=f"sparkddl-job-{spec.run_id}", daemon=True)
+        self.sc, self.spec, self.group, self.description = sc, spec, group, description
+        self.wake = wake
+        self.result: list[bytes] | None = None
+        self.error: BaseException | None = None
+        self.finished = threading.Event()  # set before wake, unlike is_alive()
+
+    def run(self) -> None:
+        try:
+            self.sc.setJobGroup(self.group, self.description, interruptOnCancel=True)
+            n = self.spec.num_workers
+            rdd = self.sc.parallelize(range(n), n).barrier()
+            self.result = rdd.mapPartitions(functools.partial(barrier_entry, self.spec)).collect()
+        except BaseException as exc:  # reported by the waiting driver thread
+            self.error = exc
+        finally:
+            self.finished.set()
+            self.wake.set()
+
+
+def run_stage(sc: Any, make_spec: SpecFactory, timeout_s: float | None = None,
+              hook: MessageHook | None = None, description: str = "sparkddl") -> list[bytes]:
+    """Run one barrier stage and return what its tasks yielded.
+
+    Raises TrainingFailedError as soon as a rank reports a failure (after a short grace for
+    the other ranks' reports), when Spark fails the stage, or when ``timeout_s`` passes; the
+    stage is cancelled first so no rank is left blocked in a collective.
+    """
+    monitor = StageMonitor(hook)
+    conf = sc.getConf()
+    host = conf.get("spark.driver.host", "")
+    with DriverChannel(monitor.handle, bind_host=conf.get("spark.driver.bindAddress", host) or
+                       "0.0.0.0", advertise_host=host) as channel:
+        monitor.broadcast = channel.send_to_ranks
+        spec = make_spec(channel)
+        job = _Job(sc, spec, f"sparkddl-{spec.run_id}-{uuid.uuid4().hex[:6]}", description,
+                   monitor.wake)
+        started = time.monotonic()
+        job.start()
+        reason = _wait(job, monitor, timeout_s, started)
+        if not job.finished.is_set():  # a rank failed or time ran out: stop everyone still running
+            sc.cancelJobGroup(job.group)
+            job.join(CANCEL_WAIT_S)
+        if job.error is None and not reason:
+            log.info("run %s: %d ranks finished in %.1fs", spec.run_id, spec.num_workers,
+                     time.monotonic() - started)
+            return job.result or []
+        spark_error = _error_text(job.error)
+        failures = list(monitor.failures.values()) or failures_from_spark_error(spark_error)
+        raise TrainingFailedError(failures, spark_error=spark_error,
+                                  reason=reason or "the barrier stage failed")
+
+
+def _wait(job: _Job, monitor: StageMonitor, timeout_s: float | None, started: float) -> str:
+    """Block until the job ends, a rank fails, or the timeout passes; '' if the job ended."""
+    while True:
+        remaining = None if timeout_s is None else timeout_s - (time.monotonic() - started)
+        if remaining is not None and remaining <= 0:
+            return f"timed out after {timeout_s:g}s"
+        monitor.wake.wait(remaining)
+        monitor.wake.clear()
+        if monitor.failures:
+            time.sleep(FAILURE_GRACE_S)
+            return "training failed"
+        if job.finished.is_set():
+            return ""
+
+
+def _error_text(error: BaseException | None) -> str:
+    if error is None:
+        return ""
+    text = str(error)
+    java = getattr(error, "java_exception", None)
+    if java is not None:
+        try:
+            text = str(java.toString())
+        except Exception:  # the JVM may be gone already
+            pass
+    return text

@@ -1,0 +1,205 @@
+"""Executor side of a run: the barrier task's entry point.
+
+Each task connects to the driver channel, forwards its output, joins the rendezvous, sets
+the environment a torchrun script expects, runs the user's function and reports a failure
+with its traceback before Spark hears of it. Everything it changes in the (reused) Python
+worker is restored when the task ends.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+import traceback
+from contextlib import contextmanager
+from datetime import timedelta
+from typing import Any, Iterable, Iterator
+
+from sparkddl.channel.client import RankChannel
+from sparkddl.errors import ClusterError
+from sparkddl.task import context
+from sparkddl.task.gpu import map_gpu_addresses
+from sparkddl.task.logs import forward_output
+from sparkddl.task.spec import TaskSpec
+
+log = logging.getLogger(__name__)
+
+
+def barrier_entry(spec: TaskSpec, _rows: Iterable[Any]) -> Iterator[bytes]:
+    """mapPartitions function of the barrier stage; yields rank 0's pickled result."""
+    from pyspark import BarrierTaskContext
+    from pyspark import cloudpickle
+
+    spark_ctx = BarrierTaskContext.get()
+    rank = spark_ctx.partitionId()
+    channel = _connect(spec, rank)
+    reported: list[BaseException] = []
+
+    def report(exc: BaseException) -> None:
+        if exc not in reported:
+            reported.append(exc)
+            channel.send({"type": "error", "message": f"{type(exc).__name__}: {exc}",
+                          "traceback": traceback.format_exc(), "host": socket.gethostname()})
+            channel.flush()
+
+    result: bytes | None = None
+    try:
+        with forward_output(channel, echo=spec.echo_output):
+            try:
+                with rank_environment(spec, spark_ctx, channel):
+                    fn, args, kwargs = cloudpickle.loads(spec.payload)
+                    try:
+                        value = _call(fn, args, kwargs)
+                    except BaseException as exc:
+                        # report before the process group is torn down: tearing it down
+                        # breaks the peers' collectives, and their reports must come second
+                        report(exc)
+                        raise
+                    if rank == 0:
+                        result = _dump_result(value)
+            except BaseException as exc:
+                report(exc)
+                raise
+        channel.send({"type": "done"})
+    finally:
+        channel.close()
+    if result is not None:
+        yield result
+
+
+def _call(fn: Any, args: tuple, kwargs: dict) -> Any:
+    try:
+        return fn(*args, **kwargs)
+    except SystemExit as exc:  # torchrun-style scripts may sys.exit(0) on success
+        if exc.code in (0, None):
+            return None
+        raise
+
+
+def _dump_result(value: Any) -> bytes:
+    from pyspark import cloudpickle
+    try:
+        return cloudpickle.dumps(value)
+    except Exception as exc:
+        raise TypeError(f"rank 0 returned a {type(value).__name__} that cannot be pickled "
+                        f"({exc}); return plain data (numbers, dicts, tensors, bytes)") from exc
+
+
+def _connect(spec: TaskSpec, rank: int) -> RankChannel:
+    def on_control(header: dict[str, Any]) -> None:
+        if header.get("type") == "stop" and context.is_active():
+            context.current().stop_requested.set()
+
+    try:
+        return RankChannel(spec.channel_host, spec.channel_port, spec.secret, rank,
+                           on_control=on_control)
+    except OSError as exc:
+        raise ClusterError(
+            f"rank {rank} on {socket.gethostname()} cannot reach the driver channel at "
+            f"{spec.channel_host}:{spec.channel_port} ({exc}); make spark.driver.host an address "
+            "executors can reach and allow connections to the driver") from exc
+
+
+@contextmanager
+def rank_environment(spec: TaskSpec, spark_ctx: Any, channel: RankChannel
+                     ) -> Iterator[context.RankContext]:
+    import torch
+    import torch.distributed as dist
+
+    rank, world = spark_ctx.partitionId(), spec.num_workers
+    hosts = [info.address.rsplit(":", 1)[0] for info in spark_ctx.getTaskInfos()]
+    store, master_port = _rendezvous(spec, rank, hosts[0], channel)
+    gpus = _task_gpus(spark_ctx) if spec.use_gpu else []
+    threads = spec.torch_threads or max(1, int(spark_ctx.cpus()))
+    ctx = context.RankContext(
+        rank=rank, world_size=world, local_rank=hosts[:rank].count(hosts[rank]),
+        local_world_size=hosts.count(hosts[rank]),
+        node_rank=list(dict.fromkeys(hosts)).index(hosts[rank]), master_addr=hosts[0],
+        master_port=master_port, run_id=spec.run_id, attempt=spec.attempt, use_gpu=spec.use_gpu,
+        gpus=gpus, collective_timeout_s=spec.collective_timeout_s, channel=channel, store=store)
+    saved_threads = torch.get_num_threads()
+    ok = False
+    with _patched_environ(_torchrun_env(ctx, threads)):
+        torch.set_num_threads(threads)
+        context.set_current(ctx)
+        try:
+            log.info("rank %d/%d joined %s:%d (local rank %d, %d torch threads%s)", rank, world,
+                     ctx.master_addr, master_port, ctx.local_rank, threads,
+                     f", GPUs {gpus}" if gpus else "")
+            yield ctx
+            ok = True
+        finally:
+            context.set_current(None)
+            if dist.is_available() and dist.is_initialized():
+                dist.destroy_process_group()
+            if ok:  # rank 0's store must outlive every rank's last use of it
+                _finish_barrier(store, rank, world, spec.collective_timeout_s)
+            torch.set_num_threads(saved_threads)
+            del store
+
+
+def _rendezvous(spec: TaskSpec, rank: int, master_host: str, channel: RankChannel
+                ) -> tuple[Any, int]:
+    """Rank 0 opens the TCPStore on port 0 and reports the port it really got through the
+    driver channel, which relays it to every rank: no port race, and none of the one-second
+    polling of Spark's allGather. Every rank returns a store handle (server or client)."""
+    from torch.distributed import TCPStore
+
+    timeout = timedelta(seconds=spec.collective_timeout_s)
+    if rank == 0:
+        store = TCPStore(master_host, 0, spec.num_workers, is_master=True,
+                         wait_for_workers=False, timeout=timeout)
+        channel.send({"type": "rendezvous", "port": store.port})
+        return store, store.port
+    port = int(channel.wait_for("rendezvous", spec.collective_timeout_s)["port"])
+    return TCPStore(master_host, port, spec.num_workers, is_master=False, timeout=timeout), port
+
+
+def _finish_barrier(store: Any, rank: int, world: int, timeout_s: float) -> None:
+    """Every rank checks in; rank 0 (which hosts the store) waits for all of them."""
+    store.add("sparkddl/finished", 1)
+    if rank != 0:
+        return
+    deadline = time.monotonic() + timeout_s
+    while store.add("sparkddl/finished", 0) < world:
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"ranks did not all finish within {timeout_s:g}s of rank 0")
+        time.sleep(0.005)
+
+
+def _task_gpus(spark_ctx: Any) -> list[str]:
+    resources = spark_ctx.resources()
+    if "gpu" not in resources:
+        return []  # local mode assigns none: devices are chosen by local rank instead
+    return map_gpu_addresses(list(resources["gpu"].addresses),
+                             os.environ.get("CUDA_VISIBLE_DEVICES"))
+
+
+def _torchrun_env(ctx: context.RankContext, threads: int) -> dict[str, str]:
+    env = {
+        "RANK": ctx.rank, "WORLD_SIZE": ctx.world_size, "LOCAL_RANK": ctx.local_rank,
+        "LOCAL_WORLD_SIZE": ctx.local_world_size, "GROUP_RANK": ctx.node_rank,
+        "NODE_RANK": ctx.node_rank, "ROLE_RANK": ctx.rank, "ROLE_WORLD_SIZE": ctx.world_size,
+        "MASTER_ADDR": ctx.master_addr, "MASTER_PORT": ctx.master_port,
+        "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": ctx.attempt,
+        "TORCHELASTIC_RUN_ID": ctx.run_id, "OMP_NUM_THREADS": threads,
+        "SPARKDDL_USE_GPU": int(ctx.use_gpu),
+    }
+    if ctx.gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(ctx.gpus)
+    return {k: str(v) for k, v in env.items()}
+
+
+@contextmanager
+def _patched_environ(updates: dict[str, str]) -> Iterator[None]:
+    saved = {k: os.environ.get(k) for k in updates}
+    os.environ.update(updates)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value

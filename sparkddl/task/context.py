@@ -1,0 +1,52 @@
+"""What a rank knows about itself while it runs inside a barrier task."""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Any
+
+from sparkddl.channel.client import RankChannel
+from sparkddl.errors import SparkDDLError
+
+
+@dataclass
+class RankContext:
+    rank: int
+    world_size: int
+    local_rank: int
+    local_world_size: int
+    node_rank: int
+    master_addr: str
+    master_port: int
+    run_id: str
+    attempt: int
+    use_gpu: bool
+    gpus: list[str]
+    collective_timeout_s: float
+    channel: RankChannel | None = None
+    store: Any = None  # the run's torch TCPStore (rank 0 hosts it)
+    stop_requested: threading.Event = field(default_factory=threading.Event)
+
+    @property
+    def is_chief(self) -> bool:
+        return self.rank == 0
+
+
+_current: RankContext | None = None
+
+
+def current() -> RankContext:
+    """The running rank's context; only valid inside a function started by sparkddl."""
+    if _current is None:
+        raise SparkDDLError("not inside a sparkddl barrier task; call this from a function "
+                            "started by sparkddl.run or TorchEstimator.fit")
+    return _current
+
+
+def is_active() -> bool:
+    return _current is not None
+
+
+def set_current(ctx: RankContext | None) -> None:
+    global _current
+    _current = ctx

@@ -1,0 +1,67 @@
+"""Process-group helpers for functions running under sparkddl (or torchrun)."""
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+from sparkddl.errors import ClusterError, ConfigError
+from sparkddl.task import context
+
+BACKENDS = ("gloo", "nccl")
+
+
+def init_process_group(backend: str | None = None, timeout_s: float | None = None) -> str:
+    """Initialize the default process group for the calling rank and return its backend.
+
+    ``backend`` defaults to NCCL when the run asked for GPUs and gloo otherwise. On GPU the
+    rank's CUDA device is selected first. Does nothing if a group already exists.
+    """
+    import torch
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        return str(dist.get_backend())
+    backend = backend or ("nccl" if _use_gpu() else "gloo")
+    if backend not in BACKENDS:
+        raise ConfigError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
+    if backend == "nccl":
+        if not torch.cuda.is_available():
+            raise ClusterError(
+                "the NCCL backend needs CUDA but torch sees no GPU on this executor "
+                f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); install a "
+                "CUDA build of torch on the executors or run with use_gpu=False")
+        torch.cuda.set_device(local_device_index())
+    if timeout_s is None:
+        timeout_s = context.current().collective_timeout_s if context.is_active() else 1800.0
+    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    return backend
+
+
+def local_device_index() -> int:
+    """The CUDA device index this rank should use.
+
+    When Spark assigned GPUs, CUDA_VISIBLE_DEVICES holds exactly this task's devices, so the
+    first visible device is ours; without an assignment (local mode) ranks on one host take
+    devices round-robin by local rank.
+    """
+    import torch
+
+    if context.is_active() and context.current().gpus:
+        return 0
+    count = max(torch.cuda.device_count(), 1)
+    return int(os.environ.get("LOCAL_RANK", "0")) % count
+
+
+def device() -> "torch.device":  # noqa: F821 - torch is imported lazily
+    """``cuda:<i>`` for a GPU run, ``cpu`` otherwise."""
+    import torch
+
+    if _use_gpu() and torch.cuda.is_available():
+        return torch.device("cuda", local_device_index())
+    return torch.device("cpu")
+
+
+def _use_gpu() -> bool:
+    if context.is_active():
+        return context.current().use_gpu
+    return os.environ.get("SPARKDDL_USE_GPU") == "1"

@@ -1,0 +1,30 @@
+"""The one object that crosses from the driver to the barrier tasks."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """Everything a rank needs; picklable, holds no Spark objects.
+
+    ``payload`` is the cloudpickled ``(fn, args, kwargs)`` the rank runs. ``secret`` lets the
+    rank authenticate to the driver channel; it is never logged.
+    """
+
+    run_id: str
+    payload: bytes
+    num_workers: int
+    channel_host: str
+    channel_port: int
+    secret: str
+    use_gpu: bool = False
+    collective_timeout_s: float = 1800.0
+    torch_threads: int | None = None
+    attempt: int = 0
+    echo_output: bool = True
+
+    def __repr__(self) -> str:  # keep the secret and the payload out of logs
+        return (f"TaskSpec(run_id={self.run_id!r}, num_workers={self.num_workers}, "
+                f"channel={self.channel_host}:{self.channel_port}, use_gpu={self.use_gpu}, "
+                f"attempt={self.attempt})")

@@ -1,0 +1,35 @@
+from sparkddl.errors import RankFailure, TrainingFailedError
+from sparkddl.launch.monitor import failures_from_spark_error
+
+
+def test_failure_message_lists_first_failure_first_with_tracebacks():
+    err = TrainingFailedError([RankFailure(1, "ValueError: bad", "Traceback...\nValueError: bad"),
+                               RankFailure(0, "RuntimeError: peer gone")])
+    text = str(err)
+    assert err.ranks == [0, 1]
+    assert text.index("rank 1") < text.index("rank 0")
+    assert "(first to fail)" in text and "Traceback...\nValueError: bad" in text
+
+
+SPARK_TEXT = """org.apache.spark.SparkException: Job aborted due to stage failure: Could not recover
+from a failed barrier ResultStage. Most recent failure reason: Stage failed because barrier task
+ResultTask(3, 1) finished unsuccessfully.
+org.apache.spark.api.python.PythonException: Traceback (most recent call last):
+  File "x.py", line 3, in f
+ZeroDivisionError: division by zero
+\tat org.apache.spark.api.python.BasePythonRunner.foo(PythonRunner.scala:1)
+"""
+
+
+def test_rank_and_traceback_recovered_from_spark_error_text():
+    [failure] = failures_from_spark_error(SPARK_TEXT)
+    assert failure.rank == 1
+    assert failure.message == "ZeroDivisionError: division by zero"
+    assert failure.traceback.startswith("Traceback") and "PythonRunner" not in failure.traceback
+
+
+def test_crashed_worker_text():
+    text = ("Lost task 0.0 in stage 2.0 (TID 5) (host executor 1): "
+            "org.apache.spark.SparkException: Python worker exited unexpectedly (crashed)")
+    [failure] = failures_from_spark_error(text)
+    assert failure.rank == 0 and "exited unexpectedly" in failure.message
