@@ -1,0 +1,159 @@
+"""Row groups in, fixed-size shuffled batches out: decoding and the shuffle buffer.
+
+Readers hand this module one row group at a time as Arrow columns; they are decoded into
+numpy without per-row Python objects and re-cut into batches of exactly ``batch_size``.
+"""
+from __future__ import annotations
+
+import warnings
+from typing import Any, Iterator
+
+import numpy as np
+
+from sparkddl.data.schema import ColumnSpec
+from sparkddl.errors import DataError
+
+Chunk = dict[str, np.ndarray]
+
+
+def decode_arrow(col: ColumnSpec, values: Any) -> np.ndarray:
+    """One column of one row group (a pyarrow Array or ChunkedArray) -> ``[n, *shape]`` array
+    of ``col.dtype``, zero-copy where the layout allows."""
+    import pyarrow as pa
+
+    arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    n = len(arr)
+    if arr.null_count:
+        raise DataError(f"column {col.name!r} has {arr.null_count} null values in a row group; "
+                        "drop or fill them first")
+    if col.encoding == "tensor":
+        return decode_tensor(col, _tensor_bytes(col, arr), n)
+    if col.encoding == "list":
+        step = _offsets(arr)
+        if len(step) and (step.min() != col.width or step.max() != col.width):
+            raise DataError(f"column {col.name!r} holds arrays of unequal length "
+                            f"{sorted(set(step.tolist()))[:10]}; every row needs {col.width} values")
+        flat = arr.flatten().to_numpy(zero_copy_only=False)
+        return flat.astype(col.dtype, copy=False).reshape((n, *col.shape))
+    return arr.to_numpy(zero_copy_only=False).astype(col.dtype, copy=False)
+
+
+def decode_tensor(col: ColumnSpec, raw: Any, n: int) -> np.ndarray:
+    """``n`` rows of raw little-endian values -> ``[n, *shape]`` (a view, no copy)."""
+    values = np.frombuffer(raw, dtype=np.dtype(col.dtype).newbyteorder("<"))
+    return values.astype(col.dtype, copy=False).reshape((n, *col.shape))
+
+
+def _raw_offsets(arr: Any) -> np.ndarray:
+    """The n+1 value offsets of a (large) binary or list array, honouring its slice offset."""
+    import pyarrow as pa
+    wide = pa.types.is_large_binary(arr.type) or pa.types.is_large_list(arr.type)
+    offsets = np.frombuffer(arr.buffers()[1], dtype=np.int64 if wide else np.int32)
+    return offsets[arr.offset:arr.offset + len(arr) + 1]
+
+
+def _offsets(arr: Any) -> np.ndarray:
+    """Per-row value counts."""
+    import pyarrow as pa
+    if pa.types.is_fixed_size_list(arr.type):
+        return np.full(len(arr), arr.type.list_size)
+    return np.diff(_raw_offsets(arr))
+
+
+def _tensor_bytes(col: ColumnSpec, arr: Any) -> memoryview:
+    import pyarrow as pa
+    if not (pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type)):
+        raise DataError(f"column {col.name!r} should hold raw tensor bytes but is {arr.type}")
+    lengths = _offsets(arr)
+    if len(lengths) and (lengths.min() != col.nbytes or lengths.max() != col.nbytes):
+        raise DataError(f"column {col.name!r}: rows of {sorted(set(lengths.tolist()))[:5]} bytes, "
+                        f"expected {col.nbytes} bytes per row ({col.dtype} {col.shape})")
+    if not len(arr):
+        return memoryview(b"")
+    start = int(_raw_offsets(arr)[0])
+    return memoryview(arr.buffers()[2])[start:start + len(arr) * col.nbytes]
+
+
+class Rebatcher:
+    """Turns a stream of chunks into batches of exactly ``batch_size`` rows.
+
+    With ``buffer_rows > 0`` rows pass through a shuffle buffer: once it holds more than
+    ``buffer_rows`` rows, a random half of it (seeded) is emitted as batches and the rest
+    stays to mix with later chunks. ``finish`` shuffles and emits what is left; the final
+    partial batch is dropped.
+    """
+
+    def __init__(self, batch_size: int, buffer_rows: int, rng: np.random.Generator):
+        self.batch_size = batch_size
+        self.buffer_rows = buffer_rows
+        self.rng = rng
+        self._pending: list[Chunk] = []
+        self._count = 0
+
+    def add(self, chunk: Chunk) -> Iterator[Chunk]:
+        n = len(next(iter(chunk.values())))
+        if n == 0:
+            return
+        self._pending.append(chunk)
+        self._count += n
+        threshold = self.buffer_rows + self.batch_size if self.buffer_rows else self.batch_size
+        if self._count >= threshold:
+            yield from self._emit(keep=self.buffer_rows // 2 if self.buffer_rows else 0)
+
+    def finish(self) -> Iterator[Chunk]:
+        if self._count >= self.batch_size:
+            yield from self._emit(keep=0)
+        self._pending, self._count = [], 0
+
+    def _emit(self, keep: int) -> Iterator[Chunk]:
+        if not self.buffer_rows:
+            yield from self._emit_in_order()
+            return
+        pool = _concat(self._pending)
+        n, b = self._count, self.batch_size
+        k = max((n - keep) // b, 0)
+        order = self.rng.permutation(n)
+        for i in range(k):
+            idx = order[i * b:(i + 1) * b]
+            yield {name: arr[idx] for name, arr in pool.items()}
+        rest = order[k * b:]
+        self._pending = [{name: arr[rest] for name, arr in pool.items()}] if len(rest) else []
+        self._count = n - k * b
+
+    def _emit_in_order(self) -> Iterator[Chunk]:
+        """Batches as slices of the newest chunk; only a batch spanning chunks is copied."""
+        b = self.batch_size
+        *older, last = self._pending
+        head: list[Chunk] = []
+        if older:  # the leftover of earlier chunks (< b rows) plus the start of this one
+            need = b - sum(len(next(iter(c.values()))) for c in older)
+            head = [_concat(older + [{k: v[:need] for k, v in last.items()}])]
+            last = {k: v[need:] for k, v in last.items()}
+        n = len(next(iter(last.values())))
+        whole = n // b
+        yield from head
+        for i in range(whole):
+            yield {k: v[i * b:(i + 1) * b] for k, v in last.items()}
+        self._pending = [{k: v[whole * b:] for k, v in last.items()}] if n > whole * b else []
+        self._count = n - whole * b
+
+
+def _concat(chunks: list[Chunk]) -> Chunk:
+    if len(chunks) == 1:
+        return chunks[0]
+    return {name: np.concatenate([c[name] for c in chunks]) for name in chunks[0]}
+
+
+def to_tensors(batch: Chunk) -> dict[str, Any]:
+    import torch
+    out = {}
+    for name, arr in batch.items():
+        arr = np.ascontiguousarray(arr)
+        if not arr.flags.writeable:
+            # views of a row group's decoded buffer, which this batch owns alone
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", UserWarning)
+                out[name] = torch.from_numpy(arr)
+        else:
+            out[name] = torch.from_numpy(arr)
+    return out

@@ -1,0 +1,78 @@
+"""Prepared datasets: where the Parquet is, what its columns are, how its row groups split."""
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from sparkddl.data.plan import ShardPlan, plan_shards
+from sparkddl.data.schema import ColumnSpec
+from sparkddl.store import Store
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """One split of prepared data: a Parquet directory the readers can open."""
+
+    url: str
+    columns: tuple[ColumnSpec, ...]
+    row_groups: tuple[int, ...]  # rows per row group, in Petastorm's order
+
+    @property
+    def rows(self) -> int:
+        return sum(self.row_groups)
+
+    def column(self, name: str) -> ColumnSpec:
+        return next(c for c in self.columns if c.name == name)
+
+    def by_role(self, role: str) -> list[ColumnSpec]:
+        return [c for c in self.columns if c.role == role]
+
+    def plan(self, world: int, batch_size: int, **reader: Any) -> ShardPlan:
+        return plan_shards(self.url, self.columns, list(self.row_groups), world, batch_size,
+                           **reader)
+
+    def to_json(self, base_url: str = "") -> dict[str, Any]:
+        url = self.url[len(base_url):].lstrip("/") if base_url and \
+            self.url.startswith(base_url) else self.url
+        return {"url": url, "row_groups": list(self.row_groups)}
+
+
+@dataclass(frozen=True)
+class PreparedData:
+    train: Dataset
+    val: Dataset | None
+    fingerprint: str | None = None  # None for a Parquet URL given directly
+    cache_hit: bool = False
+    source: str = ""
+
+
+def write_meta(store: Store, fingerprint: str, data: PreparedData) -> None:
+    base = store.data_url(fingerprint)
+    meta = {"fingerprint": fingerprint, "created": time.time(), "source": data.source,
+            "columns": [c.to_json() for c in data.train.columns],
+            "train": data.train.to_json(base),
+            "val": data.val.to_json(base) if data.val else None}
+    # written last: its presence marks the Parquet next to it complete
+    store.write_bytes(store.data_url(fingerprint, "meta.json"), json.dumps(meta).encode())
+
+
+def read_meta(store: Store, fingerprint: str) -> PreparedData | None:
+    url = store.data_url(fingerprint, "meta.json")
+    if not store.exists(url):
+        return None
+    meta = json.loads(store.read_bytes(url))
+    columns = tuple(ColumnSpec.from_json(c) for c in meta["columns"])
+    base = store.data_url(fingerprint)
+
+    def split(d: dict | None) -> Dataset | None:
+        if d is None:
+            return None
+        url = d["url"] if "://" in d["url"] else f"{base}/{d['url']}"
+        return Dataset(url, columns, tuple(d["row_groups"]))
+
+    train = split(meta["train"])
+    assert train is not None
+    return PreparedData(train, split(meta["val"]), fingerprint, cache_hit=True,
+                        source=meta.get("source", ""))

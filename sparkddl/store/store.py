@@ -1,0 +1,177 @@
+"""Where a run keeps its data, checkpoints, snapshots and history.
+
+Layout under a store root::
+
+    data/<fingerprint>/{train,val}/part-*.parquet   materialized training data (reused)
+    data/<fingerprint>/meta.json                    written last: marks the data complete
+    runs/<run_id>/checkpoints/ snapshots/ history.json logs/
+"""
+from __future__ import annotations
+
+import functools
+import os
+import posixpath
+import uuid
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlparse
+
+from sparkddl.errors import StoreError
+
+SCHEMES = ("file", "hdfs", "s3", "dbfs")
+_ALIASES = {"s3a": "s3", "s3n": "s3"}
+DBFS_MOUNT = "/dbfs"
+
+
+@dataclass(frozen=True)
+class Store:
+    """A root location on a filesystem pyarrow can reach.
+
+    ``root`` is the canonical URI (``file:///abs``, ``hdfs://nn:8020/p``, ``s3://bucket/p``,
+    ``dbfs:/p``). Python readers use :meth:`url` (``dbfs:/`` becomes ``file:///dbfs/...``, the
+    FUSE mount Databricks provides); Spark writers use :meth:`spark_url` (``s3a://`` for S3).
+    """
+
+    root: str
+
+    @classmethod
+    def from_uri(cls, uri: "str | os.PathLike[str] | Store") -> "Store":
+        if isinstance(uri, Store):
+            return uri
+        return cls(normalize_uri(os.fspath(uri)))
+
+    @property
+    def scheme(self) -> str:
+        return self.root.split(":", 1)[0]
+
+    # ---- layout ----
+    def url(self, *parts: str) -> str:
+        """Canonical URI for pyarrow / Petastorm readers."""
+        joined = _join(self.root, *parts)
+        if self.scheme == "dbfs":
+            return "file://" + DBFS_MOUNT + _path_of(joined)
+        return joined
+
+    def spark_url(self, *parts: str) -> str:
+        """URI for Spark's readers and writers."""
+        joined = _join(self.root, *parts)
+        if self.scheme == "s3":
+            return "s3a" + joined[len("s3"):]
+        return joined
+
+    def data_url(self, fingerprint: str, *parts: str) -> str:
+        return self.url("data", fingerprint, *parts)
+
+    def run_url(self, run_id: str, *parts: str) -> str:
+        return self.url("runs", run_id, *parts)
+
+    # ---- filesystem ----
+    @functools.cached_property
+    def _filesystem(self) -> Any:
+        return _make_filesystem(self)
+
+    def filesystem(self) -> Any:
+        """The pyarrow filesystem for this store (created on first use)."""
+        return self._filesystem
+
+    def fs_path(self, url: str) -> str:
+        """Path of ``url`` (from :meth:`url`) inside :meth:`filesystem`."""
+        parsed = urlparse(url)
+        if parsed.scheme == "s3":
+            return parsed.netloc + parsed.path
+        return parsed.path
+
+    def exists(self, url: str) -> bool:
+        from pyarrow import fs as pafs
+        return self.filesystem().get_file_info(self.fs_path(url)).type != pafs.FileType.NotFound
+
+    def read_bytes(self, url: str) -> bytes:
+        with self.filesystem().open_input_stream(self.fs_path(url)) as f:
+            return f.read()
+
+    def write_bytes(self, url: str, data: bytes) -> None:
+        """Write atomically: readers see the old file or the whole new one, never a part."""
+        fs, path = self.filesystem(), self.fs_path(url)
+        fs.create_dir(posixpath.dirname(path), recursive=True)
+        if self.scheme == "s3":  # one PUT is atomic on object stores
+            with fs.open_output_stream(path) as f:
+                f.write(data)
+            return
+        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
+        with fs.open_output_stream(tmp) as f:
+            f.write(data)
+        fs.move(tmp, path)
+
+    def makedirs(self, url: str) -> None:
+        self.filesystem().create_dir(self.fs_path(url), recursive=True)
+
+    def delete(self, url: str) -> None:
+        from pyarrow import fs as pafs
+        fs, path = self.filesystem(), self.fs_path(url)
+        info = fs.get_file_info(path)
+        if info.type == pafs.FileType.Directory:
+            fs.delete_dir(path)
+        elif info.type == pafs.FileType.File:
+            fs.delete_file(path)
+
+    def listdir(self, url: str) -> list[str]:
+        """Base names directly under ``url`` (empty if it does not exist)."""
+        from pyarrow import fs as pafs
+        selector = pafs.FileSelector(self.fs_path(url), allow_not_found=True)
+        return sorted(posixpath.basename(i.path) for i in self.filesystem().get_file_info(selector))
+
+    def check_writable(self) -> None:
+        """Fail early, with the location in the message, if the store cannot be written."""
+        probe = self.url(f".write-probe-{uuid.uuid4().hex[:8]}")
+        try:
+            self.write_bytes(probe, b"ok")
+            self.delete(probe)
+        except Exception as exc:
+            raise StoreError(f"store {self.root} is not writable ({exc}); choose a location "
+                             "this user and the executors can write") from exc
+
+
+def normalize_uri(uri: str) -> str:
+    """Canonical URI of a store root; plain paths become ``file://`` absolute URIs."""
+    if not uri:
+        raise StoreError("store location is empty; give a path or a URI such as file:///tmp/ddl")
+    parsed = urlparse(uri)
+    scheme = _ALIASES.get(parsed.scheme.lower(), parsed.scheme.lower())
+    if scheme in ("", "file"):
+        path = parsed.path if scheme == "file" else uri
+        return "file://" + os.path.abspath(os.path.expanduser(path)).rstrip("/")
+    if scheme not in SCHEMES:
+        raise StoreError(f"unsupported store URI {uri!r}: scheme {parsed.scheme!r}; use one of "
+                         "file:// (or a plain path), hdfs://, s3:// (s3a://), dbfs:/")
+    if scheme == "dbfs":  # dbfs:/a, dbfs:///a and dbfs://a all name /a on DBFS
+        path = posixpath.normpath("/" + (parsed.netloc + parsed.path).lstrip("/"))
+        return "dbfs:" + (path.rstrip("/") or "/")
+    if scheme == "s3" and not parsed.netloc:
+        raise StoreError(f"S3 store URI {uri!r} has no bucket; use s3://bucket/prefix")
+    path = posixpath.normpath(parsed.path).rstrip("/") if parsed.path not in ("", "/") else ""
+    return f"{scheme}://{parsed.netloc}{path}"
+
+
+def _join(root: str, *parts: str) -> str:
+    clean = [p.strip("/") for p in parts if p and p.strip("/")]
+    if not clean:
+        return root
+    return root.rstrip("/") + "/" + "/".join(clean)
+
+
+def _path_of(uri: str) -> str:
+    return urlparse(uri).path or "/"
+
+
+def _make_filesystem(store: Store) -> Any:
+    from pyarrow import fs as pafs
+    if store.scheme in ("file", "dbfs"):
+        if store.scheme == "dbfs" and not os.path.isdir(DBFS_MOUNT):
+            raise StoreError(f"store {store.root} needs the {DBFS_MOUNT} FUSE mount, which exists "
+                             "on Databricks clusters only; use a file:// or s3:// store elsewhere")
+        return pafs.LocalFileSystem()
+    try:
+        fs, _ = pafs.FileSystem.from_uri(store.url())
+    except Exception as exc:
+        raise StoreError(f"cannot open store {store.root}: {exc}") from exc
+    return fs

@@ -1,0 +1,164 @@
+"""Shard plans, row-group order, decoding and the shuffle buffer: no Spark needed."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+from pyarrow import fs as pafs
+
+from sparkddl.data.batching import Rebatcher, decode_arrow
+from sparkddl.data.plan import list_row_groups, plan_shards, shard_rows
+from sparkddl.data.schema import ColumnSpec, DataSpec, check_columns, column_spec
+from sparkddl.errors import DataError
+
+COLS = (ColumnSpec("x", "feature", "scalar", "float32"),)
+
+
+def test_petastorm_rule_assigns_row_groups_round_robin():
+    assert shard_rows([10, 20, 30, 40, 50], 2) == [90, 60]
+    assert shard_rows([10, 20, 30], 3) == [10, 20, 30]
+
+
+def test_equal_steps_for_uneven_row_groups():
+    plan = plan_shards("u", COLS, [64, 50, 64, 64, 20], world=2, batch_size=16)
+    assert plan.rows_per_rank == (148, 114) and not plan.stride
+    assert plan.steps_per_epoch == 114 // 16  # the smallest shard decides, for every rank
+
+
+def test_too_few_row_groups_switch_to_striding():
+    plan = plan_shards("u", COLS, [1000], world=2, batch_size=10)
+    assert plan.stride and plan.rows_per_rank == (500, 500) and plan.steps_per_epoch == 50
+    three = plan_shards("u", COLS, [400, 400, 400], world=2, batch_size=10)
+    # row groups would give ranks 800 and 400 rows: a third of the data skipped each epoch
+    assert three.stride and three.steps_per_epoch == 60
+
+
+def test_balanced_row_groups_keep_sharding():
+    plan = plan_shards("u", COLS, [100] * 8, world=2, batch_size=32)
+    assert not plan.stride and plan.steps_per_epoch == 12
+
+
+def test_fewer_rows_than_one_global_batch_is_a_data_error():
+    with pytest.raises(DataError, match=r"30 training rows are fewer than num_workers × "
+                                        r"batch_size = 4 × 8"):
+        plan_shards("u", COLS, [10, 10, 10], world=4, batch_size=8)
+
+
+def test_row_group_order_matches_petastorm(tmp_path):
+    from petastorm.etl import dataset_metadata
+    from petastorm.fs_utils import get_filesystem_and_path_or_paths
+    import pyarrow.parquet as legacy_pq
+    import warnings
+
+    for name, groups in [("b.parquet", 3), ("a.parquet", 2), ("c.parquet", 1)]:
+        t = pa.table({"x": np.arange(groups * 10, dtype=np.float32) + ord(name[0]) * 1000})
+        pq.write_table(t, tmp_path / name, row_group_size=10)
+    (tmp_path / "_SUCCESS").write_text("")
+    (tmp_path / ".a.parquet.crc").write_text("")
+    ours = [(g.path.rsplit("/", 1)[1], g.index) for g in
+            list_row_groups(pafs.LocalFileSystem(), str(tmp_path))]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        fs, path = get_filesystem_and_path_or_paths(f"file://{tmp_path}")
+        ds = legacy_pq.ParquetDataset(path, filesystem=fs, validate_schema=False,
+                                      use_legacy_dataset=True)
+        theirs = [(p.path.rsplit("/", 1)[1], p.row_group)
+                  for p in dataset_metadata.load_row_groups(ds)]
+    assert ours == theirs == [("a.parquet", 0), ("a.parquet", 1), ("b.parquet", 0),
+                              ("b.parquet", 1), ("b.parquet", 2), ("c.parquet", 0)]
+
+
+def test_tensor_columns_decode_from_raw_bytes_zero_copy():
+    col = ColumnSpec("img", "feature", "tensor", "float32", (2, 3))
+    rows = [np.arange(6, dtype="<f4") + i for i in range(5)]
+    arr = pa.array([r.tobytes() for r in rows], type=pa.binary()).slice(1, 4)  # offset honoured
+    out = decode_arrow(col, pa.chunked_array([arr]))
+    assert out.shape == (4, 2, 3) and out.dtype == np.float32
+    np.testing.assert_array_equal(out[1], rows[2].reshape(2, 3))
+    assert not out.flags.owndata  # a view of the Arrow buffer
+    with pytest.raises(DataError, match=r"'img': rows of \[23\] bytes, expected 24 bytes"):
+        decode_arrow(col, pa.array([b"x" * 23]))
+
+
+def test_list_columns_decode_and_reject_ragged_rows():
+    col = ColumnSpec("v", "feature", "list", "float32", (3,))
+    out = decode_arrow(col, pa.array([[1, 2, 3], [4, 5, 6]], type=pa.list_(pa.float64())))
+    assert out.dtype == np.float32 and out.shape == (2, 3)
+    np.testing.assert_array_equal(out[1], [4, 5, 6])
+    with pytest.raises(DataError, match=r"'v' holds arrays of unequal length \[2, 3\]"):
+        decode_arrow(col, pa.array([[1.0, 2.0, 3.0], [1.0, 2.0]]))
+
+
+def test_scalar_columns_cast_and_nulls_are_refused():
+    col = ColumnSpec("y", "label", "scalar", "int64")
+    assert decode_arrow(col, pa.array([1, 2], type=pa.int32())).dtype == np.int64
+    with pytest.raises(DataError, match="'y' has 1 null values"):
+        decode_arrow(col, pa.array([1, None]))
+
+
+def _chunks(n_rows: int, sizes: list[int]):
+    start = 0
+    for size in sizes:
+        yield {"id": np.arange(start, start + size)}
+        start += size
+    assert start == n_rows
+
+
+@pytest.mark.parametrize("buffer_rows", [0, 50, 1000])
+def test_rebatcher_emits_exact_batches_each_row_at_most_once(buffer_rows):
+    reb = Rebatcher(batch_size=16, buffer_rows=buffer_rows, rng=np.random.default_rng(1))
+    out = []
+    for chunk in _chunks(500, [7, 100, 3, 250, 140]):
+        out += list(reb.add(chunk))
+    out += list(reb.finish())
+    assert all(len(b["id"]) == 16 for b in out)
+    seen = np.concatenate([b["id"] for b in out])
+    assert len(out) == 500 // 16 and len(set(seen.tolist())) == len(seen)
+    if buffer_rows:
+        assert not np.array_equal(seen, np.sort(seen))  # shuffled
+    else:
+        np.testing.assert_array_equal(seen, np.arange(len(seen)))  # order kept
+
+
+def test_rebatcher_is_deterministic_per_seed():
+    def run(seed):
+        reb = Rebatcher(8, 64, np.random.default_rng(seed))
+        got = [b["id"] for c in _chunks(200, [50, 50, 100]) for b in reb.add(c)]
+        return np.concatenate(got + [b["id"] for b in reb.finish()])
+    np.testing.assert_array_equal(run(3), run(3))
+    assert not np.array_equal(run(3), run(4))
+
+
+def test_missing_column_lists_available_ones():
+    with pytest.raises(DataError, match=r"'feats' not found; the data has id \(bigint\), "
+                                        r"features \(vector\)"):
+        check_columns(DataSpec.of("feats"), {"id": ("integral", "bigint"),
+                                             "features": ("vector", "vector")})
+
+
+def test_unsupported_type_is_named():
+    with pytest.raises(DataError, match=r"'name' \(string\) have unsupported types; supported"):
+        check_columns(DataSpec.of("x", "name"), {"x": ("floating", "double"),
+                                                 "name": ("unsupported", "string")})
+
+
+def test_declared_shape_must_match_width():
+    assert column_spec("img", "feature", "vector", 64, (1, 8, 8)).shape == (1, 8, 8)
+    with pytest.raises(DataError, match=r"'img' has 64 values per row but the declared shape "
+                                        r"\(3, 8, 8\) holds 192"):
+        column_spec("img", "feature", "vector", 64, (3, 8, 8))
+
+
+def test_label_dtypes_follow_their_kind():
+    assert column_spec("y", "label", "integral", None).dtype == "int64"
+    assert column_spec("y", "label", "floating", None).dtype == "float32"
+    assert column_spec("x", "feature", "integral", None).dtype == "float32"
+    assert column_spec("y", "label", "array:floating", 3).dtype == "float32"
+
+
+def test_dataspec_rejects_duplicates_and_stray_shapes():
+    with pytest.raises(DataError, match="named twice"):
+        DataSpec.of("a", "a")
+    with pytest.raises(DataError, match="not a feature column"):
+        DataSpec.of("a", "b", shapes={"b": (2,)})
