@@ -35,7 +35,8 @@ def decode_arrow(col: ColumnSpec, values: Any) -> np.ndarray:
                             f"{sorted(set(step.tolist()))[:10]}; every row needs {col.width} values")
         flat = arr.flatten().to_numpy(zero_copy_only=False)
         return flat.astype(col.dtype, copy=False).reshape((n, *col.shape))
-    return arr.to_numpy(zero_copy_only=False).astype(col.dtype, copy=False)
+    return arr.to_numpy(zero_copy_only=False).astype(col.dtype, copy=False).reshape(
+        (n, *col.shape))
 
 
 def decode_tensor(col: ColumnSpec, raw: Any, n: int) -> np.ndarray:

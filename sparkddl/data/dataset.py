@@ -46,6 +46,13 @@ class PreparedData:
     fingerprint: str | None = None  # None for a Parquet URL given directly
     cache_hit: bool = False
     source: str = ""
+    label_ranges: tuple[tuple[str, int, int], ...] = ()  # integral labels: (name, min, max)
+
+    def label_range(self, name: str) -> tuple[int | None, int | None]:
+        for label, low, high in self.label_ranges:
+            if label == name:
+                return low, high
+        return None, None
 
 
 def write_meta(store: Store, fingerprint: str, data: PreparedData) -> None:
@@ -53,7 +60,8 @@ def write_meta(store: Store, fingerprint: str, data: PreparedData) -> None:
     meta = {"fingerprint": fingerprint, "created": time.time(), "source": data.source,
             "columns": [c.to_json() for c in data.train.columns],
             "train": data.train.to_json(base),
-            "val": data.val.to_json(base) if data.val else None}
+            "val": data.val.to_json(base) if data.val else None,
+            "label_ranges": [list(r) for r in data.label_ranges]}
     # written last: its presence marks the Parquet next to it complete
     store.write_bytes(store.data_url(fingerprint, "meta.json"), json.dumps(meta).encode())
 
@@ -75,4 +83,5 @@ def read_meta(store: Store, fingerprint: str) -> PreparedData | None:
     train = split(meta["train"])
     assert train is not None
     return PreparedData(train, split(meta["val"]), fingerprint, cache_hit=True,
-                        source=meta.get("source", ""))
+                        source=meta.get("source", ""),
+                        label_ranges=tuple(tuple(r) for r in meta.get("label_ranges", [])))

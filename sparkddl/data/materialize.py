@@ -38,6 +38,7 @@ class Profile:
     null_elements: dict[str, int]
     bad_split_values: int
     content_hash: str | None
+    label_ranges: tuple[tuple[str, int, int], ...] = ()
 
 
 def min_row_groups(num_workers: int) -> int:
@@ -150,6 +151,9 @@ def _profile(selected: Any, spec: DataSpec, kinds: dict[str, str], split_col: st
     for i, name in enumerate(arrays):
         aggs += [F.min(F.size(_q(name))).alias(f"lo{i}"), F.max(F.size(_q(name))).alias(f"hi{i}"),
                  count_if(F.exists(_q(name), lambda x: x.isNull())).alias(f"e{i}")]
+    integral_labels = [c for c in spec.label_cols if kinds[c] == "integral"]
+    for i, name in enumerate(integral_labels):
+        aggs += [F.min(_q(name)).alias(f"lmin{i}"), F.max(_q(name)).alias(f"lmax{i}")]
     if content_hash:
         row_hash = F.xxhash64(*[_q(c) for c in spec.columns], _q(SPLIT_COL))
         aggs.append(F.sum(row_hash.cast("decimal(38,0)")).alias("hash"))
@@ -160,7 +164,10 @@ def _profile(selected: Any, spec: DataSpec, kinds: dict[str, str], split_col: st
         lengths={c: (row[f"lo{i}"], row[f"hi{i}"]) for i, c in enumerate(arrays)},
         null_elements={c: int(row[f"e{i}"] or 0) for i, c in enumerate(arrays)},
         bad_split_values=int(row["bad_split"] or 0) if split_col else 0,
-        content_hash=str(row["hash"]) if content_hash else None)
+        content_hash=str(row["hash"]) if content_hash else None,
+        label_ranges=tuple((c, int(row[f"lmin{i}"]), int(row[f"lmax{i}"]))
+                           for i, c in enumerate(integral_labels)
+                           if row[f"lmin{i}"] is not None))
 
 
 def _check(p: Profile, spec: DataSpec, split_col: str | None, fraction: float,
@@ -216,7 +223,8 @@ def _write(selected: Any, columns: tuple[ColumnSpec, ...], store: Store, key: st
     train = split("train")
     if train is None:
         raise DataError("no training rows were written; check the validation setting")
-    return PreparedData(train, split("val"), key, cache_hit=False)
+    return PreparedData(train, split("val"), key, cache_hit=False,
+                        label_ranges=profile.label_ranges)
 
 
 _DDL = {"float32": "float", "float64": "double", "int64": "bigint"}

@@ -124,14 +124,16 @@ def column_spec(name: str, role: str, kind: str, width: int | None,
     """The stored/decoded form of one column, given its Spark kind and (for vectors and
     arrays) the fixed length seen in the data."""
     if kind in ("integral", "floating", "boolean"):
-        if declared not in (None, ()):
-            raise DataError(f"column {name!r} holds scalars but shape {declared} was declared")
+        if declared and math.prod(declared) != 1:
+            raise DataError(f"column {name!r} holds one value per row but shape {tuple(declared)} "
+                            "was declared; a scalar column can only take a shape of one value, "
+                            "e.g. (1,)")
         dtype = "float32"
         if role == "label" and kind == "integral":
             dtype = "int64"
         if role == "extra":
             dtype = "int64" if kind in ("integral", "boolean") else "float64"
-        return ColumnSpec(name, role, "scalar", dtype)
+        return ColumnSpec(name, role, "scalar", dtype, tuple(declared or ()))
     assert width is not None, "vector/array columns need their length"
     shape = declared or (width,)
     if math.prod(shape) != width:

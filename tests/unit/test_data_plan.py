@@ -150,6 +150,12 @@ def test_declared_shape_must_match_width():
         column_spec("img", "feature", "vector", 64, (3, 8, 8))
 
 
+def test_scalar_columns_take_only_one_value_shapes():
+    assert column_spec("x", "feature", "floating", None, (1,)).shape == (1,)
+    with pytest.raises(DataError, match=r"'x' holds one value per row but shape \(2,\)"):
+        column_spec("x", "feature", "floating", None, (2,))
+
+
 def test_label_dtypes_follow_their_kind():
     assert column_spec("y", "label", "integral", None).dtype == "int64"
     assert column_spec("y", "label", "floating", None).dtype == "float32"

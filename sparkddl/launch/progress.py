@@ -1,0 +1,58 @@
+"""Driver-side progress: a tqdm bar on a terminal, plain log lines otherwise."""
+from __future__ import annotations
+
+import logging
+import sys
+import time
+from typing import Any
+
+log = logging.getLogger("sparkddl.progress")
+if not log.handlers:  # visible without any logging setup; reconfigure the logger to change it
+    _handler = logging.StreamHandler()
+    _handler.setFormatter(logging.Formatter("%(asctime)s sparkddl: %(message)s", "%H:%M:%S"))
+    log.addHandler(_handler)
+    log.setLevel(logging.INFO)
+    log.propagate = False
+
+LOG_EVERY_S = 10.0
+
+
+class Progress:
+    def __init__(self, epochs: int, steps_per_epoch: int, enabled: bool = True):
+        self.epochs, self.steps = epochs, steps_per_epoch
+        self.enabled = enabled
+        self._bar: Any = None
+        self._last_log = 0.0
+        if enabled and sys.stderr.isatty():
+            from tqdm import tqdm
+            self._bar = tqdm(total=epochs * steps_per_epoch, unit="step", dynamic_ncols=True)
+
+    def update(self, epoch: int, step: int, loss: float) -> None:
+        if not self.enabled:
+            return
+        done = (epoch - 1) * self.steps + step
+        if self._bar is not None:
+            self._bar.n = done
+            self._bar.set_description(f"epoch {epoch}/{self.epochs}")
+            self._bar.set_postfix(loss=f"{loss:.4f}")
+            return
+        now = time.monotonic()
+        if now - self._last_log >= LOG_EVERY_S:
+            self._last_log = now
+            log.info("epoch %d/%d step %d/%d loss %.4f", epoch, self.epochs, step, self.steps,
+                     loss)
+
+    def epoch(self, row: dict[str, Any]) -> None:
+        if not self.enabled:
+            return
+        parts = [f"{k} {v:.4g}" for k, v in row.items()
+                 if isinstance(v, float) and k not in ("epoch_time_s",)]
+        text = f"epoch {row['epoch']}/{self.epochs}: " + ", ".join(parts)
+        if self._bar is not None:
+            self._bar.write(text)
+        else:
+            log.info("%s", text)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.close()

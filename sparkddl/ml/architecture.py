@@ -1,0 +1,73 @@
+"""How a model's architecture is saved: by import where possible, pickled code otherwise.
+
+Loading pickled code runs it, so it happens only when asked for explicitly:
+``TorchModel.load(path, trusted=True)`` or inside ``with sparkddl.ml.trusted_loading():``.
+``TorchModel.load(path, model=MyNet())`` needs neither.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import threading
+from typing import Any, Callable, Iterator
+
+from sparkddl.errors import SparkDDLError
+from sparkddl.train.components import _Copier
+
+_trust = threading.local()
+
+
+@contextlib.contextmanager
+def trusted_loading() -> Iterator[None]:
+    """Allow loading pickled architectures (e.g. in ``PipelineModel.load``) in this block.
+    Only for files you trust: unpickling runs code."""
+    previous = getattr(_trust, "on", False)
+    _trust.on = True
+    try:
+        yield
+    finally:
+        _trust.on = previous
+
+
+def is_trusted() -> bool:
+    return getattr(_trust, "on", False)
+
+
+def describe(factory: Callable[[], Any]) -> dict[str, Any]:
+    """``{"kind": "import", "target", "kwargs"}`` when the model can be rebuilt by import;
+    ``{"kind": "pickle"}`` otherwise."""
+    if isinstance(factory, _Copier) and hasattr(factory.module, "sparkddl_config"):
+        target, kwargs = factory.module.sparkddl_config()
+        return {"kind": "import", "target": target, "kwargs": kwargs}
+    target = importable_name(factory)
+    if target is not None:
+        return {"kind": "import", "target": target, "kwargs": {}}
+    return {"kind": "pickle"}
+
+
+def importable_name(obj: Any) -> str | None:
+    module, qualname = getattr(obj, "__module__", None), getattr(obj, "__qualname__", None)
+    if not module or not qualname or module == "__main__" or "<" in qualname:
+        return None
+    try:
+        found: Any = importlib.import_module(module)
+        for part in qualname.split("."):
+            found = getattr(found, part)
+    except (ImportError, AttributeError):
+        return None
+    return f"{module}:{qualname}" if found is obj else None
+
+
+def rebuild(arch: dict[str, Any], pickled: Callable[[], bytes], where: str) -> Any:
+    """A fresh module from a description; ``pickled`` fetches the pickled factory if needed."""
+    if arch["kind"] == "import":
+        from sparkddl.models import import_target
+        return import_target(arch["target"])(**arch.get("kwargs", {}))
+    if not is_trusted():
+        raise SparkDDLError(
+            f"the model saved at {where} has an architecture defined in a notebook or script, "
+            "saved as pickled code; loading it runs that code. Pass the module to load the "
+            "weights into (TorchModel.load(path, model=MyNet())), or, for files you trust, "
+            "TorchModel.load(path, trusted=True) / with sparkddl.ml.trusted_loading(): ...")
+    from pyspark import cloudpickle
+    return cloudpickle.loads(pickled())()

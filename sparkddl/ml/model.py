@@ -1,0 +1,208 @@
+"""TorchModel: the fitted model as a Spark ML Transformer, with persistence."""
+from __future__ import annotations
+
+import io
+import json
+from typing import Any, Callable
+
+from pyspark.ml import Model
+from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, \
+    MLWritable, MLWriter
+
+from sparkddl.ml import architecture
+from sparkddl.ml.inference import ModelPayload, udf_function
+from sparkddl.ml.params import HasTorchModelParams
+from sparkddl.store import Store
+
+
+class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
+    """A fitted PyTorch model. ``transform`` adds ``predictionCol`` (and, for classifiers,
+    ``probabilityCol`` and ``rawPredictionCol`` as Vectors), computed on the executors.
+
+    Attributes: ``history`` (one dict per epoch), ``run_id``, ``chosen_epoch`` (the epoch
+    whose weights these are), ``best_by``, ``task`` (multiclass, binary or regression),
+    ``epochs_done``, ``stopped_early``, ``steps_per_rank``, ``fit_time_s``.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._factory: Callable[[], Any] | None = None
+        self._state: dict[str, Any] = {}
+        self._arch: dict[str, Any] = {"kind": "pickle"}
+        self.history: list[dict[str, Any]] = []
+        self.run_id = ""
+        self.chosen_epoch = 0
+        self.best_by = ""
+        self.task = "regression"
+        self.output_width = 1
+        self.epochs_done = 0
+        self.stopped_early = False
+        self.steps_per_rank: list[int] = []
+        self.fit_time_s = 0.0
+
+    # ---- the model itself ----
+    def module(self) -> Any:
+        """A fresh torch module holding these weights (eval mode)."""
+        module = self._build()
+        module.load_state_dict(self._state)
+        return module.eval()
+
+    def state_dict(self) -> dict[str, Any]:
+        return dict(self._state)
+
+    def historyDataFrame(self, spark: Any = None) -> Any:
+        """The history as a Spark DataFrame, e.g. for ``display()``."""
+        from pyspark.sql import SparkSession
+        spark = spark or SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+        keys = list(dict.fromkeys(k for row in self.history for k in row))
+        rows = [tuple(_plain(row.get(k)) for k in keys) for row in self.history]
+        return spark.createDataFrame(rows, schema=keys)
+
+    def _build(self) -> Any:
+        if self._factory is not None:
+            from sparkddl.train.components import build_module
+            return build_module(self._factory)
+        raise RuntimeError("TorchModel has no architecture; load it with TorchModel.load")
+
+    # ---- transform ----
+    def _transform(self, dataset: Any) -> Any:
+        from pyspark.ml.functions import array_to_vector, vector_to_array
+        from pyspark.sql import functions as F
+        from pyspark.sql.functions import pandas_udf
+
+        features = list(self.feature_columns())
+        types = {f.name: type(f.dataType).__name__ for f in dataset.schema.fields}
+        inputs = []
+        for name in features:
+            col = F.col(f"`{name}`")
+            if types.get(name) == "VectorUDT":
+                col = vector_to_array(col, "float32")
+            elif types.get(name) == "ArrayType":
+                col = col.cast("array<float>")
+            else:
+                col = col.cast("float")
+            inputs.append(col.alias(name))
+        payload = dataset.sparkSession.sparkContext.broadcast(self._payload())
+        fn = udf_function(payload, features, self.task,
+                          self.getOrDefault(self.inferenceBatchSize),
+                          {k: list(v) for k, v in self.getOrDefault(self.featureShapes).items()})
+        udf = pandas_udf(fn, returnType=self._output_schema())  # type: ignore[call-overload]
+        tmp = "__sparkddl_out"
+        out = dataset.withColumn(tmp, udf(F.struct(*inputs)))
+        out = out.withColumn(self.getOrDefault(self.predictionCol), F.col(f"{tmp}.prediction"))
+        if self.task in ("multiclass", "binary"):
+            out = out.withColumn(self.getOrDefault(self.probabilityCol),
+                                 array_to_vector(F.col(f"{tmp}.probability")))
+            out = out.withColumn(self.getOrDefault(self.rawPredictionCol),
+                                 array_to_vector(F.col(f"{tmp}.raw")))
+        return out.drop(tmp)
+
+    def _output_schema(self) -> str:
+        if self.task in ("multiclass", "binary"):
+            return "prediction double, probability array<double>, raw array<double>"
+        return "prediction double" if self.output_width == 1 else "prediction array<double>"
+
+    def _payload(self) -> ModelPayload:
+        import torch
+        from pyspark import cloudpickle
+        buf = io.BytesIO()
+        torch.save(self._state, buf)
+        pickled = cloudpickle.dumps(self._factory) if self._arch["kind"] == "pickle" else b""
+        return ModelPayload(self._arch, pickled, buf.getvalue())
+
+    # ---- persistence ----
+    def write(self) -> MLWriter:
+        return _TorchModelWriter(self)
+
+    @classmethod
+    def read(cls) -> "_TorchModelReader":
+        return _TorchModelReader()
+
+    @classmethod
+    def load(cls, path: str, model: Any = None, trusted: bool = False) -> "TorchModel":
+        """Load a saved model. Weights are read with ``torch.load(weights_only=True)``.
+
+        ``model``: a module to load the weights into (no code is unpickled). Without it, a
+        model saved from a built-in or importable factory is rebuilt by import; one defined in
+        a notebook or script needs ``trusted=True`` (or ``with trusted_loading():``), since
+        unpickling its architecture runs code.
+        """
+        reader = _TorchModelReader(model=model)
+        if trusted:
+            with architecture.trusted_loading():
+                return reader.load(path)
+        return reader.load(path)
+
+    def copy(self, extra: Any = None) -> "TorchModel":
+        that = super().copy(extra)
+        that.history = list(self.history)
+        return that
+
+
+def _plain(value: Any) -> Any:
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
+        else value
+
+
+def _qualified(spark: Any, path: str) -> Store:
+    """The Store for ``path`` as Spark's Hadoop filesystem resolves it (default FS included)."""
+    jvm = spark.sparkContext._jvm
+    jpath = jvm.org.apache.hadoop.fs.Path(path)
+    fs = jpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
+    return Store.from_uri(str(fs.makeQualified(jpath).toUri().toString()))
+
+
+class _TorchModelWriter(MLWriter):
+    def __init__(self, instance: TorchModel):
+        super().__init__()
+        self.instance = instance
+
+    def saveImpl(self, path: str) -> None:
+        import torch
+        from pyspark import cloudpickle
+        m = self.instance
+        extra = {"architecture": m._arch, "task": m.task, "output_width": m.output_width,
+                 "run_id": m.run_id,
+                 "chosen_epoch": m.chosen_epoch, "best_by": m.best_by,
+                 "epochs_done": m.epochs_done, "stopped_early": m.stopped_early}
+        DefaultParamsWriter.saveMetadata(m, path, self.sparkSession, extraMetadata=extra)
+        store = _qualified(self.sparkSession, path)
+        buf = io.BytesIO()
+        torch.save(m._state, buf)
+        store.write_bytes(store.url("weights.pt"), buf.getvalue())
+        store.write_bytes(store.url("history.json"), json.dumps(m.history).encode())
+        if m._arch["kind"] == "pickle":
+            store.write_bytes(store.url("architecture.pkl"), cloudpickle.dumps(m._factory))
+
+
+class _TorchModelReader(MLReader):
+    def __init__(self, model: Any = None):
+        super().__init__()
+        self.model = model
+
+    def load(self, path: str) -> TorchModel:
+        import torch
+
+        from sparkddl.train.components import model_factory
+        meta = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+        store = _qualified(self.sparkSession, path)
+        m = TorchModel()
+        m._resetUid(meta["uid"])
+        DefaultParamsReader.getAndSetParams(m, meta)
+        m._arch = meta["architecture"]
+        if self.model is not None:
+            m._factory = model_factory(self.model)
+            m._arch = architecture.describe(m._factory)
+        else:
+            module = architecture.rebuild(m._arch,
+                                          lambda: store.read_bytes(store.url("architecture.pkl")),
+                                          path)
+            m._factory = model_factory(module)
+        m._state = torch.load(io.BytesIO(store.read_bytes(store.url("weights.pt"))),
+                              weights_only=True)
+        m._build().load_state_dict(m._state)  # fails here, clearly, if they do not fit
+        m.history = json.loads(store.read_bytes(store.url("history.json")))
+        for key in ("task", "output_width", "run_id", "chosen_epoch", "best_by", "epochs_done",
+                    "stopped_early"):
+            setattr(m, key, meta[key])
+        return m

@@ -1,0 +1,20 @@
+"""Training strategies, chosen by name (``strategy=``) with options (``strategyOptions=``)."""
+from __future__ import annotations
+
+from typing import Any
+
+from sparkddl.errors import ConfigError
+from sparkddl.strategies.allreduce import AllReduce
+from sparkddl.strategies.base import CommStats, Strategy
+
+REGISTRY: dict[str, type[Strategy]] = {cls.name: cls for cls in (AllReduce,)}
+
+__all__ = ["CommStats", "REGISTRY", "Strategy", "create"]
+
+
+def create(name: str, options: dict[str, Any] | None = None) -> Strategy:
+    """The strategy ``name`` with ``options``; unknown names and options list the valid ones."""
+    cls = REGISTRY.get(name)
+    if cls is None:
+        raise ConfigError(f"unknown strategy {name!r}; choose one of {', '.join(REGISTRY)}")
+    return cls(**(options or {}))

@@ -1,0 +1,72 @@
+"""The contract every training strategy implements, and communication accounting."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from sparkddl.errors import ConfigError
+
+
+@dataclass
+class CommStats:
+    """Payload bytes this rank hands to collectives, and how many calls, since the last reset."""
+
+    bytes: int = 0
+    calls: int = 0
+
+    def add(self, nbytes: int, calls: int = 1) -> None:
+        self.bytes += int(nbytes)
+        self.calls += calls
+
+    def take(self) -> dict[str, int]:
+        out = {"comm_bytes": self.bytes, "comm_calls": self.calls}
+        self.bytes = self.calls = 0
+        return out
+
+
+class Strategy:
+    """How replicas are kept in agreement.
+
+    The training loop calls ``wrap`` once, then per step ``loss.backward()`` followed by
+    ``step(optimizer)``, ``end_epoch()`` after each epoch, and ``finalize`` before the final
+    weights are taken. ``OPTIONS`` declares every option with its default.
+    """
+
+    name: ClassVar[str] = ""
+    OPTIONS: ClassVar[dict[str, Any]] = {}
+
+    def __init__(self, **options: Any):
+        unknown = sorted(set(options) - set(self.OPTIONS))
+        if unknown:
+            valid = ", ".join(self.OPTIONS) or "none"
+            raise ConfigError(f"unknown option(s) {', '.join(map(repr, unknown))} for strategy "
+                              f"{self.name!r}; valid options: {valid}")
+        self.options = {**self.OPTIONS, **options}
+        self.comm = CommStats()
+        self.check_options()
+
+    def check_options(self) -> None:
+        """Validate ``self.options``; raise ConfigError naming the option."""
+
+    def wrap(self, module: Any) -> Any:
+        """Return the module to run forward/backward on (may be ``module`` itself)."""
+        return module
+
+    def step(self, optimizer: Any) -> None:
+        optimizer.step()
+
+    def end_epoch(self) -> dict[str, Any]:
+        return self.comm.take()
+
+    def finalize(self, module: Any) -> None:
+        """Make every replica hold the model users expect at the end of training."""
+
+    def state_dict(self) -> dict[str, Any]:
+        return {}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        pass
+
+
+def tensor_bytes(t: Any) -> int:
+    return t.numel() * t.element_size()

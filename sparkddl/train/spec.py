@@ -1,0 +1,28 @@
+"""What the ranks of a fit need: one picklable object built on the driver."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from sparkddl.config import StrategyConfig
+from sparkddl.data.plan import ShardPlan
+from sparkddl.train.components import OptimizerRecipe
+
+@dataclass
+class TrainSpec:
+    run_id: str
+    model_factory: Callable[[], Any]
+    optimizer: OptimizerRecipe
+    loss: Callable[..., Any]
+    metrics: dict[str, Callable[..., Any]]
+    plan: ShardPlan
+    features: tuple[str, ...]
+    label: str
+    epochs: int
+    snapshot_every: int
+    strategy: StrategyConfig
+    seed: int
+    store_root: str
+    learning_rate: float | None = None
+    max_snapshot_bytes: int = 32 << 20  # larger snapshots go through the Store
+    progress_interval_s: float = 1.0

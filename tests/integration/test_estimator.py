@@ -1,0 +1,204 @@
+"""TorchEstimator -> TorchModel on real Spark (local[2]) with scikit-learn's digits."""
+from __future__ import annotations
+
+import torch
+import pytest
+from pyspark.ml import Pipeline, PipelineModel
+from pyspark.ml.feature import VectorAssembler
+from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
+
+from sparkddl import ConfigError, SparkDDLError, TorchEstimator, TorchModel, trusted_loading
+from sparkddl.config import TrainConfig
+from sparkddl.launch.fit import fit
+from sparkddl.models import MLP
+from sparkddl.store import Store
+from tests.integration.digits import accuracy, digits_df, mlp
+
+HISTORY_KEYS = {"epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy",
+                "samples_per_sec", "epoch_time_s", "comm_bytes", "comm_calls", "attempt"}
+
+
+def estimator(store, **params) -> TorchEstimator:
+    base = dict(model=mlp(), optimizer=lambda p: torch.optim.Adam(p, lr=3e-3),
+                loss=torch.nn.CrossEntropyLoss(), featuresCol="features", labelCol="label",
+                batchSize=32, epochs=15, numWorkers=2, validation=0.2, store=str(store),
+                progress=False)
+    return TorchEstimator(**{**base, **params})
+
+
+@pytest.fixture
+def digits(spark_local):
+    df = digits_df(spark_local)
+    return df.filter("split != 0"), df.filter("split = 0")  # held-out: every 5th row
+
+
+@pytest.mark.timeout(300)
+def test_digits_on_two_workers_and_on_one_with_the_same_global_batch(digits, tmp_path):
+    train, test = digits
+    two = estimator(tmp_path).fit(train)
+    acc_two = accuracy(two.transform(test))
+    assert acc_two >= 0.95
+    assert len(two.history) == two.epochs_done == 15
+    assert [r["epoch"] for r in two.history] == list(range(1, 16))
+    assert all(HISTORY_KEYS <= set(r) for r in two.history)
+    assert all(r["samples_per_sec"] > 0 and r["comm_bytes"] > 0 for r in two.history)
+    assert two.historyDataFrame().count() == 15
+    assert two.task == "multiclass" and two.steps_per_rank[0] == two.steps_per_rank[1]
+    one = estimator(tmp_path, numWorkers=1, batchSize=64).fit(train)
+    acc_one = accuracy(one.transform(test))
+    assert acc_one >= 0.93 and abs(acc_one - acc_two) <= 0.03
+    pred = two.transform(test).select("prediction", "probability", "rawPrediction").first()
+    assert abs(sum(pred["probability"]) - 1) < 1e-6 and len(pred["rawPrediction"]) == 10
+
+
+@pytest.mark.timeout(300)
+def test_pipeline_fit_save_load_gives_identical_predictions(spark_local, tmp_path):
+    df = digits_df(spark_local, "pixels")
+    train, test = df.filter("split != 0"), df.filter("split = 0")
+    assembler = VectorAssembler(inputCols=[f"p{i}" for i in range(64)], outputCol="features")
+    pipeline = Pipeline(stages=[assembler, estimator(tmp_path / "store", model=MLP(64, [64], 10),
+                                                     epochs=4)])
+    fitted = pipeline.fit(train)
+    before = [r["prediction"] for r in fitted.transform(test).orderBy("p0", "p1", "p2").collect()]
+    fitted.write().overwrite().save(str(tmp_path / "pipe"))
+    loaded = PipelineModel.load(str(tmp_path / "pipe"))  # built-in MLP: rebuilt by import
+    after = [r["prediction"] for r in loaded.transform(test).orderBy("p0", "p1", "p2").collect()]
+    assert before == after and len(before) == test.count()
+    assert isinstance(loaded.stages[1], TorchModel) and loaded.stages[1].history
+
+
+@pytest.mark.timeout(300)
+def test_notebook_model_needs_explicit_trust_or_a_module(digits, tmp_path):
+    train, test = digits
+    model = estimator(tmp_path / "s", epochs=2).fit(train)
+    path = str(tmp_path / "m")
+    model.save(path)
+    with pytest.raises(SparkDDLError, match=r"saved as pickled code.*model=MyNet\(\)"):
+        TorchModel.load(path)
+    want = model.transform(test).select("prediction").collect()
+    with trusted_loading():
+        assert TorchModel.load(path).transform(test).select("prediction").collect() == want
+    assert TorchModel.load(path, model=mlp()).transform(test).select("prediction").collect() == want
+    with pytest.raises(RuntimeError, match="size mismatch"):
+        TorchModel.load(path, model=torch.nn.Sequential(torch.nn.Linear(64, 7),
+                                                        torch.nn.ReLU(),
+                                                        torch.nn.Linear(7, 10)))
+
+
+@pytest.mark.timeout(400)
+def test_cross_validator_over_two_learning_rates(digits, tmp_path):
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+    train, _ = digits
+    est = estimator(tmp_path, epochs=3, validation=None)
+    grid = ParamGridBuilder().addGrid(est.learningRate, [1e-4, 3e-3]).build()
+    cv = CrossValidator(estimator=est, estimatorParamMaps=grid, numFolds=2, seed=1,
+                        evaluator=MulticlassClassificationEvaluator(metricName="accuracy"))
+    model = cv.fit(train)
+    assert len(model.avgMetrics) == 2
+    assert model.avgMetrics[1] > model.avgMetrics[0]  # 3e-3 learns far more in 3 epochs
+    assert isinstance(model.bestModel, TorchModel)
+
+
+def shifted_regression(spark):
+    """Train rows: y = 2x; validation rows: y = x. From w = 0 the weight walks towards 2, so
+    validation loss falls until w passes 1 and rises after: the best snapshot is not the last."""
+    rows = [(float(i % 200) / 100 - 1, i % 4 == 0) for i in range(4000)]
+    df = spark.createDataFrame(rows, "x float, is_val boolean")
+    return df.selectExpr("x", "is_val", "if(is_val, x, 2 * x) as y")
+
+
+def zero_linear() -> torch.nn.Module:
+    m = torch.nn.Linear(1, 1, bias=False)
+    torch.nn.init.zeros_(m.weight)
+    return m
+
+
+class Squeeze(torch.nn.Module):
+    def forward(self, out, y):
+        return torch.nn.functional.mse_loss(out.squeeze(1), y)
+
+
+@pytest.mark.timeout(300)
+def test_early_stopping_stops_all_ranks_together_and_keeps_the_best(spark_local, tmp_path):
+    est = TorchEstimator(model=zero_linear, optimizer=lambda p: torch.optim.SGD(p, lr=0.01),
+                         loss=Squeeze(), featuresCol="x", labelCol="y", validation="is_val",
+                         batchSize=25, epochs=40, numWorkers=2, earlyStoppingPatience=2,
+                         featureShapes={"x": [1]}, store=str(tmp_path), progress=False)
+    est.setFeaturesCol(["x"])
+    model = est.fit(shifted_regression(spark_local))
+    assert model.stopped_early and model.epochs_done < 40
+    assert model.steps_per_rank[0] == model.steps_per_rank[1]  # the same step on every rank
+    val = [r["val_loss"] for r in model.history]
+    best = min(range(len(val)), key=val.__getitem__)
+    assert model.chosen_epoch == model.history[best]["epoch"] < model.epochs_done
+    assert val[-1] > val[best]
+    assert abs(model.state_dict()["weight"].item() - 1) < 0.5  # the best is near w = 1
+
+
+@pytest.mark.timeout(300)
+def test_optimizer_instance_keeps_its_learning_rate(spark_local, tmp_path):
+    df = digits_df(spark_local)
+    net = mlp()
+    initial = {k: v.clone() for k, v in net.state_dict().items()}
+    frozen = estimator(tmp_path, model=net, optimizer=torch.optim.SGD(net.parameters(), lr=0.0),
+                       epochs=1, validation=None).fit(df)
+    assert all(torch.equal(frozen.state_dict()[k], v) for k, v in initial.items())
+    moved = estimator(tmp_path, model=net,
+                      optimizer=torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9),
+                      epochs=1, validation=None).fit(df)
+    assert not all(torch.equal(moved.state_dict()[k], v) for k, v in initial.items())
+
+
+@pytest.mark.timeout(300)
+def test_large_snapshots_travel_through_the_store(spark_local, tmp_path):
+    df = digits_df(spark_local)
+    config = TrainConfig(features=("features",), label="label", epochs=2, batch_size=32,
+                         num_workers=2, validation=0.2, store=str(tmp_path), progress=False,
+                         snapshot_channel_bytes=1024)
+    result = fit(spark_local, df, mlp(), "adam", "cross_entropy", config)
+    store = Store.from_uri(tmp_path)
+    assert store.listdir(store.run_url(result.run_id, "snapshots")) == \
+        ["epoch-00001.pt", "epoch-00002.pt"]
+    assert all("val_loss" in r for r in result.history)
+
+
+# ---- bad input: clear errors on the driver, before anything is launched ----
+
+@pytest.mark.parametrize("params,match", [
+    ({"model": "not a module"}, r"model 'not a module' is neither a built-in"),
+    ({"model": 42}, r"model must be a torch.nn.Module or a zero-argument factory"),
+    ({"optimizer": lambda p: torch.optim.SGD(p, lr=-1)}, r"optimizer could not be built"),
+    ({"epochs": 0}, r"epochs must be an integer >= 1, got 0"),
+    ({"batchSize": 0}, r"batch_size must be an integer >= 1, got 0"),
+    ({"bestBy": "val_f1"}, r"unknown bestBy 'val_f1'; choose one of train_loss, train_accuracy, "
+                           r"val_loss, val_accuracy"),
+    ({"bestBy": "accuracy"}, r"unknown bestBy 'accuracy'"),
+    ({"strategy": "allreduse"}, r"unknown strategy 'allreduse'; choose one of allreduce"),
+])
+def test_bad_params_are_refused(spark_local, tmp_path, params, match):
+    with pytest.raises(ConfigError, match=match):
+        estimator(tmp_path, **params).fit(digits_df(spark_local))
+
+
+def test_float_labels_for_cross_entropy(spark_local, tmp_path):
+    df = digits_df(spark_local).selectExpr("features", "cast(label as double) as label")
+    with pytest.raises(ConfigError, match=r"CrossEntropyLoss needs integer class labels"):
+        estimator(tmp_path).fit(df)
+
+
+def test_feature_width_mismatch(spark_local, tmp_path):
+    df = digits_df(spark_local).selectExpr("slice(features, 1, 60) as features", "label")
+    with pytest.raises(ConfigError, match=r"the model failed on a sample .*features: \[8, 60\]"):
+        estimator(tmp_path).fit(df)
+
+
+def test_labels_beyond_the_model_outputs(spark_local, tmp_path):
+    df = digits_df(spark_local).selectExpr("features", "label + 5 as label")
+    with pytest.raises(ConfigError, match=r"ranges over \[5, 14\] but the model outputs 10 "
+                                          r"classes"):
+        estimator(tmp_path).fit(df)
+
+
+def test_missing_model(spark_local, tmp_path):
+    with pytest.raises(ConfigError, match="TorchEstimator needs model="):
+        TorchEstimator(loss="mse", optimizer="adam").fit(digits_df(spark_local))
