@@ -14,7 +14,7 @@ venv:
 	@SPARKDDL_VENV=$(VENV) scripts/venv.sh
 
 run: venv
-	$(PY) -m sparkddl.demo
+	$(VENV)/bin/sparkddl train conf/digits.toml
 
 test: venv
 	$(PY) -m pytest $(PYTEST_ARGS)

@@ -1,19 +1,71 @@
-"""The ``sparkddl`` console script."""
+"""The ``sparkddl`` console script: prepare, train and evaluate from a TOML preset.
+
+Errors in what the user gave (a missing preset, an unknown key, a model that cannot be
+imported, data that does not exist, an output location that cannot be written) print one
+line and exit with status 2; ``--debug`` adds the traceback.
+"""
 from __future__ import annotations
 
 import argparse
+import logging
 import sys
+import traceback
+from pathlib import Path
+
+from sparkddl.errors import SparkDDLError, TrainingFailedError
+
+EXIT_USER_ERROR = 2
+EXIT_FAILED = 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="sparkddl", description="Train PyTorch models on "
+                                     "Spark from a TOML preset (see conf/digits.toml).")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, text in (("prepare", "materialize the training data as Parquet (cached)"),
+                       ("train", "prepare, train, evaluate on the held-out split, save the run"),
+                       ("evaluate", "evaluate a saved model on the held-out split")):
+        p = sub.add_parser(name, help=text, description=text)
+        p.add_argument("preset", nargs="?", default=None,
+                       help="TOML preset: a path, or a name in ./conf (default: the built-in "
+                            "defaults, which are conf/digits.toml's)")
+        p.add_argument("--set", dest="overrides", action="append", default=[],
+                       metavar="SECTION.KEY=VALUE", help="override a preset value (repeatable)")
+        p.add_argument("--debug", action="store_true", help="show tracebacks")
+        if name == "evaluate":
+            p.add_argument("--model", default=None,
+                           help="saved model path (default: the latest run under output.dir)")
+    return parser
+
+
+def resolve_preset(name: str | None) -> str | None:
+    if name is None or Path(name).exists() or name.endswith(".toml"):
+        return name
+    return str(Path("conf") / f"{name}.toml")
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="sparkddl", description=__doc__)
-    sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("demo", help="train an MLP on digits with sparkddl.run on local[2]")
-    args = parser.parse_args(argv)
-    if args.command == "demo":
-        from sparkddl.demo import main as demo
-        demo()
-    return 0
+    args = _parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.debug else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        from sparkddl import job, preset
+        cfg = preset.load(resolve_preset(args.preset), args.overrides)
+        if args.command == "prepare":
+            job.run_prepare(cfg)
+        elif args.command == "train":
+            job.run_train(cfg)
+        else:
+            job.run_evaluate(cfg, args.model)
+        return 0
+    except TrainingFailedError as exc:
+        print(f"sparkddl: training failed: {exc}", file=sys.stderr)
+        return EXIT_FAILED
+    except SparkDDLError as exc:
+        if args.debug:
+            traceback.print_exc()
+        print(f"sparkddl: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
 
 
 if __name__ == "__main__":

@@ -97,6 +97,22 @@ def import_target(target: str) -> Any:
     return obj
 
 
+class NamedModel:
+    """A zero-argument factory for a model given by name, which saves by name too."""
+
+    def __init__(self, name: str, **kwargs: Any):
+        self.name, self.kwargs = name, kwargs
+        build_model(name, **kwargs)  # fail now, on the driver, with the explanatory error
+
+    def __call__(self) -> Any:
+        return build_model(self.name, **self.kwargs)
+
+    def sparkddl_config(self) -> tuple[str, dict[str, Any]]:
+        factory = BUILTIN.get(self.name.lower())
+        target = f"{factory.__module__}:{factory.__qualname__}" if factory else self.name
+        return target, dict(self.kwargs)
+
+
 def build_model(name: str, **kwargs: Any) -> Any:
     """A built-in model by name (``mlp``, ``cnn``) or a factory by import target."""
     factory = BUILTIN.get(name.lower()) if ":" not in name else import_target(name)

@@ -36,8 +36,9 @@ def is_trusted() -> bool:
 def describe(factory: Callable[[], Any]) -> dict[str, Any]:
     """``{"kind": "import", "target", "kwargs"}`` when the model can be rebuilt by import;
     ``{"kind": "pickle"}`` otherwise."""
-    if isinstance(factory, _Copier) and hasattr(factory.module, "sparkddl_config"):
-        target, kwargs = factory.module.sparkddl_config()
+    configured = factory.module if isinstance(factory, _Copier) else factory
+    if hasattr(configured, "sparkddl_config"):
+        target, kwargs = configured.sparkddl_config()
         return {"kind": "import", "target": target, "kwargs": kwargs}
     target = importable_name(factory)
     if target is not None:

@@ -73,6 +73,8 @@ def build_module(factory: Callable[[], Any]) -> Any:
 def optimizer_recipe(optimizer: Any, **settings: Any) -> OptimizerRecipe:
     import torch
 
+    if isinstance(optimizer, OptimizerRecipe):
+        return optimizer
     if isinstance(optimizer, torch.optim.Optimizer):
         groups = optimizer.param_groups
         for g in groups:

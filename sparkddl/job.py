@@ -1,0 +1,173 @@
+"""The spark-submit jobs behind ``sparkddl prepare|train|evaluate`` and jobs/*.py."""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from dataclasses import asdict
+from typing import Any
+
+from sparkddl.data import DataSpec, prepare
+from sparkddl.errors import StoreError
+from sparkddl.preset import JobConfig
+from sparkddl.sources import holdout_split, load_source
+from sparkddl.store import Store
+
+log = logging.getLogger(__name__)
+
+
+def spark_session(cfg: JobConfig) -> Any:
+    """The session for a job. Settings from spark-submit --conf and spark-defaults.conf win;
+    the preset only fills in what is unset (the master included)."""
+    from pyspark import SparkConf, SparkContext
+    from pyspark.sql import SparkSession
+
+    SparkContext._ensure_initialized()  # loads spark-submit's and spark-defaults' settings
+    conf = SparkConf()
+    if not conf.contains("spark.master"):
+        conf.setMaster(cfg.spark.master)
+    if not conf.contains("spark.app.name"):
+        conf.setAppName(cfg.spark.app_name)
+    for key, value in cfg.spark.conf.items():
+        if not conf.contains(key):
+            conf.set(key, str(value))
+    spark = SparkSession.builder.config(conf=conf).getOrCreate()
+    spark.sparkContext.setLogLevel("ERROR")
+    print(f"spark master: {spark.sparkContext.master}")
+    return spark
+
+
+def split_data(spark: Any, cfg: JobConfig) -> tuple[Any, Any]:
+    df = load_source(spark, cfg.data.source)
+    return holdout_split(df, cfg.data.test_fraction, cfg.data.seed)
+
+
+def run_prepare(cfg: JobConfig) -> dict[str, Any]:
+    spark = spark_session(cfg)
+    train_df, _ = split_data(spark, cfg)
+    t = cfg.train_config()
+    data = prepare(train_df, DataSpec.of(t.features, t.label, shapes=t.feature_shapes),
+                   num_workers=t.num_workers, batch_size=t.batch_size, store=t.store,
+                   validation=t.validation, seed=t.seed)
+    out = {"fingerprint": data.fingerprint, "cache_hit": data.cache_hit,
+           "train_rows": data.train.rows, "val_rows": data.val.rows if data.val else 0,
+           "train_url": data.train.url}
+    print(f"data {'reused (cache hit)' if data.cache_hit else 'materialized'}: "
+          f"{out['train_rows']} train / {out['val_rows']} validation rows at {data.train.url}")
+    return out
+
+
+def run_train(cfg: JobConfig) -> dict[str, Any]:
+    from sparkddl.ml import TorchEstimator
+    from sparkddl.models import NamedModel
+
+    out_dir = output_store(cfg)
+    spark = spark_session(cfg)
+    train_df, test_df = split_data(spark, cfg)
+    t = cfg.train_config()
+    est = TorchEstimator(
+        model=NamedModel(cfg.model.name, **cfg.model.kwargs),
+        optimizer=_optimizer(cfg), loss=cfg.loss.name, featuresCol=list(t.features),
+        labelCol=t.label, batchSize=t.batch_size, epochs=t.epochs, numWorkers=t.num_workers,
+        validation=t.validation, store=t.store, strategy=t.strategy.name,
+        strategyOptions=t.strategy.options, snapshotEvery=t.snapshot_every, bestBy=t.best_by,
+        earlyStoppingPatience=t.early_stopping_patience, finalWeights=t.final_weights,
+        metrics=list(t.metrics) if t.metrics is not None else None, seed=t.seed,
+        shuffleBufferSize=t.shuffle_buffer, readerWorkers=t.reader_workers, useGpu=t.use_gpu,
+        timeout=t.timeout_s, progress=t.progress,
+        featureShapes={k: list(v) for k, v in t.feature_shapes.items()})
+    started = time.perf_counter()
+    model = est.fit(train_df)
+    fit_s = time.perf_counter() - started
+    run_dir = out_dir.url(model.run_id)
+    paths = save_run(out_dir, model, cfg)
+    metrics = evaluate_model(model, test_df, t.label)
+    out_dir.write_bytes(out_dir.url(model.run_id, "metrics.json"), json.dumps(metrics).encode())
+    print_metrics(model, metrics, fit_s)
+    print(f"run {model.run_id}: model {paths['model']}\n  history {paths['history']}\n"
+          f"  curves  {paths['plot']}\n  metrics {run_dir}/metrics.json")
+    return {"run_id": model.run_id, "metrics": metrics, "fit_s": fit_s, **paths}
+
+
+def run_evaluate(cfg: JobConfig, model_path: str | None = None) -> dict[str, Any]:
+    from sparkddl.ml import TorchModel
+
+    out_dir = Store.from_uri(cfg.output.dir)
+    if model_path is None:
+        latest = out_dir.url("LATEST")
+        if not out_dir.exists(latest):
+            raise StoreError(f"no trained model under {out_dir.root}; run `sparkddl train` first "
+                             "or pass --model PATH")
+        model_path = out_dir.url(out_dir.read_bytes(latest).decode().strip(), "model")
+    spark = spark_session(cfg)
+    _, test_df = split_data(spark, cfg)
+    model = TorchModel.load(model_path)
+    metrics = evaluate_model(model, test_df, cfg.data.label)
+    print_metrics(model, metrics, None)
+    return {"run_id": model.run_id, "metrics": metrics, "model": model_path}
+
+
+def _optimizer(cfg: JobConfig) -> Any:
+    from sparkddl.train.components import optimizer_recipe
+    return optimizer_recipe(cfg.optimizer.name, lr=cfg.optimizer.lr, **cfg.optimizer.kwargs)
+
+
+def output_store(cfg: JobConfig) -> Store:
+    """The output location, checked writable before any work starts."""
+    store = Store.from_uri(cfg.output.dir)
+    store.check_writable()
+    return store
+
+
+def save_run(out: Store, model: Any, cfg: JobConfig) -> dict[str, str]:
+    from sparkddl.plotting import plot_history
+
+    model_url = out.url(model.run_id, "model")
+    model.write().overwrite().save(model_url)
+    history_url = out.url(model.run_id, "history.json")
+    out.write_bytes(history_url, json.dumps(model.history, indent=1).encode())
+    out.write_bytes(out.url(model.run_id, "config.json"), json.dumps(asdict(cfg)).encode())
+    plot_url = out.url(model.run_id, "curves.png")
+    out.write_bytes(plot_url, plot_history(model.history, model.chosen_epoch,
+                                           f"run {model.run_id}"))
+    out.write_bytes(out.url("LATEST"), model.run_id.encode())
+    return {"model": model_url, "history": history_url, "plot": plot_url}
+
+
+def evaluate_model(model: Any, test_df: Any, label: str) -> dict[str, float]:
+    from pyspark.ml.evaluation import (BinaryClassificationEvaluator,
+                                       MulticlassClassificationEvaluator, RegressionEvaluator)
+
+    pred = model.transform(test_df).cache()
+    try:
+        metrics: dict[str, float] = {"rows": float(pred.count())}
+        if model.task in ("multiclass", "binary"):
+            for name in ("accuracy", "f1", "weightedPrecision", "weightedRecall"):
+                metrics[name] = MulticlassClassificationEvaluator(
+                    labelCol=label, metricName=name).evaluate(pred)
+            if model.task == "binary":
+                metrics["areaUnderROC"] = BinaryClassificationEvaluator(
+                    labelCol=label, rawPredictionCol="rawPrediction").evaluate(pred)
+        else:
+            for name in ("rmse", "mae", "r2"):
+                metrics[name] = RegressionEvaluator(labelCol=label, metricName=name).evaluate(pred)
+    finally:
+        pred.unpersist()
+    return metrics
+
+
+def print_metrics(model: Any, metrics: dict[str, float], fit_s: float | None) -> None:
+    best = next((r for r in model.history if r["epoch"] == model.chosen_epoch), {})
+    rows = [("held-out rows", f"{int(metrics['rows'])}")]
+    rows += [(f"held-out {k}", f"{v:.4f}") for k, v in metrics.items() if k != "rows"]
+    rows += [(f"epoch {model.chosen_epoch} {k}", f"{v:.4f}") for k, v in best.items()
+             if k.startswith("val_") and isinstance(v, float)]
+    rows.append(("epochs trained", f"{model.epochs_done}"))
+    if fit_s is not None:
+        rows.append(("fit wall time", f"{fit_s:.1f} s"))
+    width = max(len(k) for k, _ in rows)
+    print(f"\nrun {model.run_id} ({model.task}, weights of epoch {model.chosen_epoch}, "
+          f"chosen by {model.best_by})")
+    print(f"{'metric'.ljust(width)}  value\n{'-' * width}  {'-' * 10}")
+    for k, v in rows:
+        print(f"{k.ljust(width)}  {v}")

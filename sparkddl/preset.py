@@ -1,0 +1,200 @@
+"""Job presets: TOML files in conf/, typed ``--set section.key=value`` overrides, and the
+schema they are checked against (unknown keys and wrong types name the key and the options).
+
+A preset has the sections spark, data, model, optimizer, loss, train and output; see
+conf/digits.toml for every key.
+"""
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from sparkddl.config import StrategyConfig, TrainConfig
+from sparkddl.errors import ConfigError
+
+
+@dataclass
+class SparkSection:
+    master: str = "local[2]"  # used only when spark-submit / spark-defaults set no master
+    app_name: str = "sparkddl"
+    conf: dict[str, Any] = field(default_factory=dict)  # applied only where not already set
+
+
+@dataclass
+class DataSection:
+    source: str = "sklearn:digits"  # sklearn:<name> | table:<name> | parquet:<path> | <path>
+    features: list[str] = field(default_factory=lambda: ["features"])
+    label: str = "label"
+    validation: float | str | None = 0.2
+    test_fraction: float = 0.2  # held out for evaluate
+    seed: int = 0
+    feature_shapes: dict[str, list[int]] = field(default_factory=dict)
+
+
+@dataclass
+class ModelSection:
+    name: str = "mlp"  # mlp | cnn | package.module:factory
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class OptimizerSection:
+    name: str = "adam"
+    lr: float = 1e-3
+    kwargs: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class LossSection:
+    name: str = "cross_entropy"
+
+
+@dataclass
+class TrainSection:
+    epochs: int = 10
+    batch_size: int = 32
+    num_workers: int = 2
+    metrics: list[str] | None = None
+    best_by: str | None = None
+    early_stopping_patience: int = 0
+    snapshot_every: int = 1
+    final_weights: str = "best"
+    strategy: str = "allreduce"
+    strategy_options: dict[str, Any] = field(default_factory=dict)
+    store: str = "runs/store"
+    shuffle_buffer: int = 10_000
+    reader_workers: int = 2
+    use_gpu: bool = False
+    timeout_s: float | None = None
+    progress: bool = True
+
+
+@dataclass
+class OutputSection:
+    dir: str = "runs"  # each run writes <dir>/<run id>/
+
+
+@dataclass
+class JobConfig:
+    spark: SparkSection = field(default_factory=SparkSection)
+    data: DataSection = field(default_factory=DataSection)
+    model: ModelSection = field(default_factory=ModelSection)
+    optimizer: OptimizerSection = field(default_factory=OptimizerSection)
+    loss: LossSection = field(default_factory=LossSection)
+    train: TrainSection = field(default_factory=TrainSection)
+    output: OutputSection = field(default_factory=OutputSection)
+
+    def train_config(self) -> TrainConfig:
+        d, t = self.data, self.train
+        return TrainConfig(
+            features=tuple(d.features), label=d.label, epochs=t.epochs, batch_size=t.batch_size,
+            num_workers=t.num_workers, validation=d.validation, store=t.store, seed=d.seed,
+            snapshot_every=t.snapshot_every, best_by=t.best_by,
+            early_stopping_patience=t.early_stopping_patience, final_weights=t.final_weights,
+            metrics=tuple(t.metrics) if t.metrics is not None else None,
+            feature_shapes={k: tuple(v) for k, v in d.feature_shapes.items()},
+            shuffle_buffer=t.shuffle_buffer, reader_workers=t.reader_workers, use_gpu=t.use_gpu,
+            timeout_s=t.timeout_s, strategy=StrategyConfig(t.strategy, dict(t.strategy_options)),
+            progress=t.progress).validate()
+
+
+# sections whose table values are free-form (passed on as keyword arguments or Spark conf)
+_FREE_FORM = {("spark", "conf"), ("model", "kwargs"), ("optimizer", "kwargs"),
+              ("train", "strategy_options"), ("data", "feature_shapes")}
+
+
+def load(path: str | Path | None, overrides: list[str] = ()) -> JobConfig:
+    """Read a preset (or start from the defaults) and apply ``section.key=value`` overrides."""
+    raw: dict[str, Any] = {}
+    if path is not None:
+        p = Path(path)
+        if not p.is_file():
+            raise ConfigError(f"preset {str(path)!r} not found; presets live in conf/ "
+                              "(e.g. conf/digits.toml)")
+        try:
+            raw = tomllib.loads(p.read_text())
+        except tomllib.TOMLDecodeError as exc:
+            raise ConfigError(f"preset {str(path)!r} is not valid TOML: {exc}") from None
+    for item in overrides:
+        _apply_override(raw, item)
+    return from_dict(raw)
+
+
+def _apply_override(raw: dict[str, Any], item: str) -> None:
+    key, sep, text = item.partition("=")
+    parts = key.strip().split(".")
+    if len(parts) > 2 and (parts[0], parts[1]) in _FREE_FORM:  # spark.conf.spark.x.y=...
+        parts = [parts[0], parts[1], ".".join(parts[2:])]
+    if not sep or len(parts) < 2 or not all(parts):
+        raise ConfigError(f"override {item!r} must look like section.key=value, "
+                          "e.g. train.epochs=5")
+    try:  # a TOML literal (5, 0.1, true, [1, 2], "x"); anything else is a plain string
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text
+    node = raw
+    for part in parts[:-1]:
+        node = node.setdefault(part, {})
+        if not isinstance(node, dict):
+            raise ConfigError(f"override {item!r}: {part!r} is not a section")
+    node[parts[-1]] = value
+
+
+def from_dict(raw: dict[str, Any]) -> JobConfig:
+    sections = {f.name: f.type for f in dataclasses.fields(JobConfig)}
+    hints = typing.get_type_hints(JobConfig)
+    built = {}
+    for name, values in raw.items():
+        if name not in sections:
+            raise ConfigError(f"unknown section [{name}]; sections: {', '.join(sections)}")
+        if not isinstance(values, dict):
+            raise ConfigError(f"[{name}] must be a table of keys")
+        built[name] = _section(name, hints[name], values)
+    return JobConfig(**built)
+
+
+def _section(name: str, cls: type, values: dict[str, Any]) -> Any:
+    hints = typing.get_type_hints(cls)
+    for key, value in values.items():
+        if key not in hints:
+            raise ConfigError(f"unknown key '{name}.{key}'; keys of [{name}]: "
+                              f"{', '.join(hints)}")
+        if (name, key) not in _FREE_FORM and not _matches(value, hints[key]):
+            raise ConfigError(f"'{name}.{key}' must be {_describe(hints[key])}, got "
+                              f"{value!r} ({type(value).__name__})")
+    return cls(**values)
+
+
+def _matches(value: Any, hint: Any) -> bool:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return any(_matches(value, arg) for arg in typing.get_args(hint))
+    if hint is type(None):
+        return value is None
+    if hint is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if hint is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if origin is list:
+        (inner,) = typing.get_args(hint)
+        return isinstance(value, list) and all(_matches(v, inner) for v in value)
+    if origin is dict:
+        return isinstance(value, dict)
+    return isinstance(value, hint)
+
+
+def _describe(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    if origin in (typing.Union, types.UnionType):
+        return " or ".join(_describe(a) for a in typing.get_args(hint))
+    if hint is type(None):
+        return "unset (omit the key)"
+    if origin is list:
+        return f"a list of {_describe(typing.get_args(hint)[0])}"
+    return {int: "an integer", float: "a number", str: "a string", bool: "true or false",
+            dict: "a table"}.get(hint, getattr(hint, "__name__", str(hint)))

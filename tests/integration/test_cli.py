@@ -1,0 +1,76 @@
+"""The jobs and the ``sparkddl`` CLI: the embedded default end to end, and bad input."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sparkddl.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+PRESET = str(ROOT / "conf" / "digits.toml")
+
+
+def outputs(tmp_path: Path) -> list[str]:
+    return ["--set", f"output.dir={tmp_path / 'out'}", "--set", f"train.store={tmp_path / 'st'}",
+            "--set", "train.progress=false"]
+
+
+@pytest.mark.timeout(300)
+def test_digits_preset_trains_evaluates_and_saves(spark_local, tmp_path, capsys):
+    assert main(["train", PRESET, *outputs(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    run_id = (tmp_path / "out" / "LATEST").read_text().strip()
+    run = tmp_path / "out" / run_id
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["accuracy"] >= 0.95 and metrics["rows"] > 300
+    assert f"held-out accuracy           {metrics['accuracy']:.4f}" in printed
+    assert f"run {run_id}: model file://{run}/model" in printed
+    history = json.loads((run / "history.json").read_text())
+    assert [r["epoch"] for r in history] == list(range(1, 21))
+    png = (run / "curves.png").read_bytes()
+    assert png.startswith(b"\x89PNG") and len(png) > 20_000
+    assert (run / "model" / "weights.pt").is_file()
+    # evaluate reloads the latest run's model (built-in MLP: rebuilt by import, not unpickled)
+    assert main(["evaluate", PRESET, *outputs(tmp_path)]) == 0
+    assert f"held-out accuracy           {metrics['accuracy']:.4f}" in capsys.readouterr().out
+    # prepare finds the data the train step materialized
+    assert main(["prepare", PRESET, *outputs(tmp_path)]) == 0
+    assert "reused (cache hit)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("args,message", [
+    (["train", "conf/nope.toml"], "error: preset 'conf/nope.toml' not found"),
+    (["train", PRESET, "--set", "train.epoch=3"], "error: unknown key 'train.epoch'; keys of "
+                                                  "[train]: epochs, batch_size"),
+    (["train", PRESET, "--set", "train.epochs=three"], "error: 'train.epochs' must be an integer"),
+    (["train", PRESET, "--set", "model.name=no_such_pkg.nets:make"],
+     "error: cannot import module 'no_such_pkg.nets' for model 'no_such_pkg.nets:make'"),
+    (["train", PRESET, "--set", "model.name=sparkddl.models:Nope"],
+     "error: module 'sparkddl.models' has no attribute 'Nope'"),
+    (["train", PRESET, "--set", "data.source=parquet:/no/such/data"],
+     "error: data path '/no/such/data' cannot be read"),
+    (["evaluate", PRESET, "--set", "output.dir=/no/runs/here"],
+     "error: no trained model under file:///no/runs/here"),
+])
+def test_bad_input_is_one_line_and_exit_2(spark_local, tmp_path, capsys, args, message):
+    args = [a.replace("{tmp}", str(tmp_path)) for a in args]
+    if "output.dir" not in " ".join(args):
+        args += ["--set", f"output.dir={tmp_path / 'out'}", "--set", f"train.store={tmp_path}"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_unwritable_output_is_refused_before_any_work(tmp_path, capsys):
+    (tmp_path / "a-file").write_text("")
+    assert main(["train", PRESET, "--set", f"output.dir={tmp_path / 'a-file' / 'out'}"]) == 2
+    err = capsys.readouterr().err
+    assert "is not writable" in err and len(err.strip().splitlines()) == 1
+
+
+def test_debug_shows_the_traceback(tmp_path, capsys):
+    assert main(["train", PRESET, "--set", "train.epoch=3", "--debug"]) == 2
+    assert "Traceback" in capsys.readouterr().err
