@@ -6,8 +6,13 @@ from typing import Any
 from sparkddl.errors import ConfigError
 from sparkddl.strategies.allreduce import AllReduce
 from sparkddl.strategies.base import CommStats, Strategy
+from sparkddl.strategies.dynamic import DynamicAveraging
+from sparkddl.strategies.gossip import Gossip
+from sparkddl.strategies.local_sgd import LocalSGD
+from sparkddl.strategies.ssp import StaleSynchronous
 
-REGISTRY: dict[str, type[Strategy]] = {cls.name: cls for cls in (AllReduce,)}
+REGISTRY: dict[str, type[Strategy]] = {
+    cls.name: cls for cls in (AllReduce, LocalSGD, DynamicAveraging, Gossip, StaleSynchronous)}
 
 __all__ = ["CommStats", "REGISTRY", "Strategy", "create"]
 

@@ -1,30 +1,118 @@
-"""Synchronous data parallelism: gradients averaged by allreduce every step (DDP)."""
+"""Synchronous data parallelism: gradients averaged over all ranks every step.
+
+``overlap=True`` (default) is DDP: gradient buckets are sent while the backward pass is
+still running, through a communication hook. ``overlap=False`` averages the same buckets
+after the backward pass, before ``optimizer.step()``, so the benefit of overlap can be
+measured. Either way, ``compression`` picks the codec a bucket is sent with; both paths run
+the same codec code, so every compression works with and without overlap.
+"""
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from sparkddl.strategies.base import Strategy, tensor_bytes
+from sparkddl.errors import ConfigError
+from sparkddl.strategies.base import Strategy
+from sparkddl.strategies.compression import Cast, Codec, Sign, TopK
+from sparkddl.strategies.powersgd import PowerSGD
+from sparkddl.strategies.tensors import GradientSync, broadcast_, broadcast_module
+
+if TYPE_CHECKING:
+    import torch
+    from torch.futures import Future
+
+COMPRESSIONS = ("none", "fp16", "bf16", "powersgd", "topk", "sign")
+# options that only tune some compressions: setting them for another is a mistake
+TUNES = {"rank": ("powersgd",), "ratio": ("topk",), "warmup_steps": COMPRESSIONS[1:]}
 
 
 class AllReduce(Strategy):
-    """DDP with gradient buckets allreduced while the backward pass is still running."""
+    """Gradient averaging by allreduce (or all-gather for top-k and sign), every step.
+
+    ``warmup_steps``: plain allreduce for that many steps before a compression starts, so
+    PowerSGD's warm-started factors and the error-feedback residuals begin from the
+    gradients of a model that has left its random initialization.
+    """
 
     name = "allreduce"
-    OPTIONS = {"bucket_cap_mb": 25}
+    OPTIONS = {"bucket_cap_mb": 25, "overlap": True, "compression": "none", "rank": 2,
+               "ratio": 0.01, "warmup_steps": 10}
+
+    def __init__(self, **options: Any):
+        super().__init__(**options)
+        self.steps = 0
+        self.plain = Codec(self.comm)
+        self.codec = self._codec()
+        self.keys: dict[int, int] = {}
+        self.sync: GradientSync | None = None
+        self.buffers: list[Any] = []
+
+    def check_options(self) -> None:
+        self.check_number("bucket_cap_mb", 0, low_inclusive=False)
+        self.check_bool("overlap")
+        self.check_choice("compression", COMPRESSIONS)
+        self.check_int("rank", 1)
+        self.check_number("ratio", 0, 1, low_inclusive=False)
+        self.check_int("warmup_steps", 0)
+        compression = self.options["compression"]
+        for option, users in TUNES.items():
+            if self.options[option] != self.OPTIONS[option] and compression not in users:
+                raise ConfigError(
+                    f"strategy 'allreduce' option {option} only applies with compression="
+                    f"{' or '.join(users)}, but compression={compression!r}; drop {option} "
+                    "or choose a compression it tunes")
+
+    def _codec(self) -> Codec:
+        import torch
+
+        compression = self.options["compression"]
+        if compression in ("fp16", "bf16"):
+            return Cast(self.comm, torch.float16 if compression == "fp16" else torch.bfloat16)
+        if compression == "powersgd":
+            return PowerSGD(self.comm, self.options["rank"])
+        if compression == "topk":
+            return TopK(self.comm, self.options["ratio"])
+        if compression == "sign":
+            return Sign(self.comm)
+        return self.plain
 
     def wrap(self, module: Any) -> Any:
-        from torch.nn.parallel import DistributedDataParallel as DDP
+        # parameter index: codec state is keyed by it, whichever bucket a parameter is in
+        self.keys = {id(p): i for i, p in enumerate(module.parameters())}
+        cap_bytes = int(self.options["bucket_cap_mb"] * (1 << 20))
+        if self.options["overlap"]:
+            from torch.nn.parallel import DistributedDataParallel as DDP
 
-        ddp = DDP(module, bucket_cap_mb=self.options["bucket_cap_mb"])
-        ddp.register_comm_hook(self, _counting_allreduce_hook)
-        return ddp
+            ddp = DDP(module, bucket_cap_mb=self.options["bucket_cap_mb"])
+            ddp.register_comm_hook(self, _bucket_hook)
+            return ddp
+        broadcast_module(module)
+        self.buffers = list(module.buffers())
+        self.sync = GradientSync(list(module.parameters()), cap_bytes, self.exchange)
+        return module
+
+    def exchange(self, flat: "torch.Tensor", keys: list[int],
+                 shapes: list["torch.Size"]) -> "Future":
+        codec = self.plain if self.steps < self.options["warmup_steps"] else self.codec
+        return codec.exchange(flat, keys, shapes)
+
+    def step(self, optimizer: Any) -> None:
+        if self.sync is not None:
+            self.sync()
+            if self.buffers:  # what DDP does before each forward: rank 0's buffers win
+                broadcast_(self.buffers, self.comm)
+        optimizer.step()
+        self.steps += 1
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"steps": self.steps, "codec": self.codec.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.steps = int(state["steps"])
+        self.codec.load_state_dict(state["codec"])
 
 
-def _counting_allreduce_hook(strategy, bucket):  # DDP checks these annotations: leave them off
-    """DDP's default hook (average by allreduce), counting the payload."""
-    import torch.distributed as dist
-
-    buffer = bucket.buffer()
-    strategy.comm.add(tensor_bytes(buffer))
-    buffer.div_(dist.get_world_size())
-    return dist.all_reduce(buffer, async_op=True).get_future().then(lambda fut: fut.value()[0])
+def _bucket_hook(strategy, bucket):  # DDP checks these annotations: leave them off
+    """DDP communication hook: the bucket goes through the strategy's codec."""
+    params = bucket.parameters()
+    return strategy.exchange(bucket.buffer(), [strategy.keys[id(p)] for p in params],
+                             [p.shape for p in params])

@@ -29,7 +29,9 @@ class Strategy:
 
     The training loop calls ``wrap`` once, then per step ``loss.backward()`` followed by
     ``step(optimizer)``, ``end_epoch()`` after each epoch, and ``finalize`` before the final
-    weights are taken. ``OPTIONS`` declares every option with its default.
+    weights are taken. ``OPTIONS`` declares every option with its default. ``state_dict``
+    holds tensors and plain values only (loadable with ``torch.load(weights_only=True)``);
+    restore it with ``load_state_dict`` after ``wrap``.
     """
 
     name: ClassVar[str] = ""
@@ -47,6 +49,33 @@ class Strategy:
 
     def check_options(self) -> None:
         """Validate ``self.options``; raise ConfigError naming the option."""
+
+    def check_int(self, name: str, minimum: int) -> None:
+        value = self.options[name]
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= minimum
+        self._require(name, ok, f"an integer >= {minimum}")
+
+    def check_number(self, name: str, low: float, high: float | None = None,
+                     low_inclusive: bool = True) -> None:
+        value = self.options[name]
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        ok = ok and (value >= low if low_inclusive else value > low)
+        ok = ok and (high is None or value <= high)
+        expected = f"a number {'>=' if low_inclusive else '>'} {low:g}"
+        if high is not None:
+            expected += f" and <= {high:g}"
+        self._require(name, ok, expected)
+
+    def check_bool(self, name: str) -> None:
+        self._require(name, isinstance(self.options[name], bool), "true or false")
+
+    def check_choice(self, name: str, choices: tuple[str, ...]) -> None:
+        self._require(name, self.options[name] in choices, f"one of {', '.join(choices)}")
+
+    def _require(self, name: str, ok: bool, expected: str) -> None:
+        if not ok:
+            raise ConfigError(f"strategy {self.name!r} option {name}={self.options[name]!r} is "
+                              f"invalid; expected {expected}")
 
     def wrap(self, module: Any) -> Any:
         """Return the module to run forward/backward on (may be ``module`` itself)."""

@@ -1,0 +1,205 @@
+"""Stale-synchronous parallel (Ho et al., 2013): a parameter server on rank 0.
+
+Rank 0 runs a server thread beside its own training loop. After each optimizer step a
+worker pushes its update (how far its model moved since its last pull, divided by the
+number of ranks, so that one update from every rank moves the server's model like one
+synchronous step on the averaged gradient) and then pulls the server's model. The server
+applies updates as they arrive and answers a worker whose clock (updates pushed) is c only
+once the slowest worker's clock is at least c - ``staleness``: no rank ever computes more
+than ``staleness`` steps ahead of the slowest. ``staleness=0`` is bulk-synchronous.
+
+Transport: the run's TCPStore (rank 0 hosts it), with one queue all workers push into and
+one queue per worker the server answers on; pops block, nothing polls. Messages are raw
+tensor bytes behind a small integer header, never pickles. CUDA tensors go through host
+memory. Bytes: a worker counts what it pushes and what it pulls (the store sends on the
+server's behalf). The training loop's epoch-end allreduce still lines all ranks up once per
+epoch; asynchrony lives within epochs.
+
+Nothing is checkpointed: clocks count from the start of an attempt, where the server starts
+from the restored model.
+"""
+from __future__ import annotations
+
+import logging
+import struct
+import threading
+import time
+from typing import Any, Sequence
+
+from sparkddl.errors import SparkDDLError
+from sparkddl.strategies.base import Strategy, tensor_bytes
+from sparkddl.strategies.tensors import broadcast_module, model_state
+
+log = logging.getLogger(__name__)
+
+PUSH_QUEUE = "sparkddl/ssp/push"
+PUSH_HEADER = struct.Struct("<qqq")  # rank, clock, final (1: no update, answer at staleness 0)
+
+
+def pull_queue(rank: int) -> str:
+    return f"sparkddl/ssp/pull/{rank}"
+
+
+class StaleSynchronous(Strategy):
+    name = "ssp"
+    OPTIONS = {"staleness": 3}
+
+    def __init__(self, **options: Any):
+        super().__init__(**options)
+        self.clock = 0
+        self.clocks: list[int] = []  # every worker's clock, as of the last pull
+        self.max_lead = 0  # since the last end_epoch: own clock - slowest clock, at pulls
+        self.wait_s = 0.0  # since the last end_epoch: time blocked on pulls
+        self.server: ParameterServer | None = None
+        self.store: Any = None  # this rank's own connection to the run's TCPStore
+        self.state: list[Any] = []
+        self.base: list[Any] = []
+
+    def check_options(self) -> None:
+        self.check_int("staleness", 0)
+
+    def wrap(self, module: Any) -> Any:
+        import torch.distributed as dist
+
+        from sparkddl.task import context
+
+        broadcast_module(module)
+        self.state = model_state(module)
+        self.base = [t.detach().clone() for t in self.state]  # the model last pulled
+        store = context.current().store
+        self.store = store.clone()  # one connection per thread: the server has its own
+        if dist.get_rank() == 0:
+            self.server = ParameterServer(store.clone(), [t.cpu().clone() for t in self.base],
+                                          dist.get_world_size(), self.options["staleness"])
+            self.server.start()
+        return module
+
+    def step(self, optimizer: Any) -> None:
+        import torch
+
+        optimizer.step()
+        self.clock += 1
+        with torch.no_grad():
+            update = [t.detach() - b for t, b in zip(self.state, self.base)]
+        self._push(pack(update), final=False)
+        self._pull()
+
+    def _push(self, payload: bytes, final: bool) -> None:
+        import torch.distributed as dist
+
+        message = PUSH_HEADER.pack(dist.get_rank(), self.clock, int(final)) + payload
+        self.comm.add(len(message))
+        self.store.queue_push(PUSH_QUEUE, message)
+
+    def _pull(self) -> None:
+        import torch
+        import torch.distributed as dist
+
+        start = time.perf_counter()
+        message = self.store.queue_pop(pull_queue(dist.get_rank()))
+        self.wait_s += time.perf_counter() - start
+        self.comm.add(len(message))
+        clocks, payload = decode_pull(message, dist.get_world_size())
+        self.clocks = clocks
+        self.max_lead = max(self.max_lead, self.clock - min(clocks))
+        with torch.no_grad():
+            for t, b, value in zip(self.state, self.base, unpack(payload, self.base)):
+                t.copy_(value)
+                b.copy_(value)
+
+    def end_epoch(self) -> dict[str, Any]:
+        out = {**self.comm.take(), "max_lead": self.max_lead, "wait_s": self.wait_s}
+        self.max_lead, self.wait_s = 0, 0.0
+        return out
+
+    def finalize(self, module: Any) -> None:
+        """Pull the server's model once every update of every rank is in it."""
+        self._push(b"", final=True)
+        self._pull()
+        if self.server is not None:
+            self.server.join()  # it stops once every rank has had its final model
+
+
+class ParameterServer(threading.Thread):
+    """Rank 0's server: applies updates in arrival order, answers pulls within staleness."""
+
+    def __init__(self, store: Any, params: list[Any], world: int, staleness: int):
+        super().__init__(name="sparkddl-ssp-server", daemon=True)
+        self.store, self.params = store, params
+        self.world, self.staleness = world, staleness
+
+    def run(self) -> None:
+        try:
+            self._serve()
+        except Exception as exc:  # noqa: BLE001 - reported to every worker, which raise it
+            log.exception("SSP parameter server failed")
+            self._fail(f"{type(exc).__name__}: {exc}")
+
+    def _serve(self) -> None:
+        clocks = [0] * self.world
+        waiting: list[tuple[int, int, bool]] = []  # rank, clock, final
+        finished = 0
+        while finished < self.world:
+            message = self.store.queue_pop(PUSH_QUEUE)  # blocks up to the store's timeout
+            rank, clock, final = PUSH_HEADER.unpack_from(message)
+            if not final:
+                self._apply(rank, clock, clocks[rank], message[PUSH_HEADER.size:])
+                clocks[rank] = clock
+            waiting.append((rank, clock, bool(final)))
+            # a final pull waits for everyone: the model it gets is the finished one
+            ready = [w for w in waiting if w[1] - min(clocks) <= (0 if w[2] else self.staleness)]
+            if ready:
+                answer = encode_pull(clocks, pack(self.params))
+                for w in ready:
+                    self.store.queue_push(pull_queue(w[0]), answer)
+                finished += sum(w[2] for w in ready)
+                waiting = [w for w in waiting if w not in ready]
+
+    def _apply(self, rank: int, clock: int, last: int, payload: bytes) -> None:
+        if clock != last + 1:
+            raise SparkDDLError(f"rank {rank} pushed update {clock} after update {last}; "
+                                "updates must arrive in order")
+        for p, update in zip(self.params, unpack(payload, self.params)):
+            p.add_(update, alpha=1.0 / self.world)
+
+    def _fail(self, reason: str) -> None:
+        for rank in range(self.world):
+            try:
+                self.store.queue_push(pull_queue(rank), encode_pull([], reason.encode()))
+            except Exception:  # noqa: BLE001 - the store itself may be gone
+                log.warning("could not tell rank %d that the SSP server failed", rank)
+
+
+def encode_pull(clocks: Sequence[int], payload: bytes) -> bytes:
+    """The server's answer: the clocks, then the model; no clocks means an error text."""
+    return struct.pack(f"<q{len(clocks)}q", len(clocks), *clocks) + payload
+
+
+def decode_pull(message: bytes, world: int) -> tuple[list[int], bytes]:
+    (count,) = struct.unpack_from("<q", message)
+    if count != world:
+        raise SparkDDLError(f"the SSP parameter server on rank 0 failed: "
+                            f"{message[8:].decode(errors='replace')}; see rank 0's log")
+    clocks = list(struct.unpack_from(f"<{world}q", message, 8))
+    return clocks, message[8 * (world + 1):]
+
+
+def pack(tensors: Sequence[Any]) -> bytes:
+    """Tensors' raw bytes, back to back (no pickle: safe to read from the network)."""
+    import torch
+
+    return b"".join(t.detach().reshape(-1).cpu().view(torch.uint8).numpy().tobytes()
+                    for t in tensors)
+
+
+def unpack(data: bytes, like: Sequence[Any]) -> list[Any]:
+    """CPU tensors shaped and typed like ``like`` from :func:`pack`'s bytes."""
+    import torch
+
+    raw = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+    out, offset = [], 0
+    for t in like:
+        n = tensor_bytes(t)
+        out.append(raw[offset:offset + n].clone().view(t.dtype).view(t.shape))
+        offset += n
+    return out

@@ -1,0 +1,429 @@
+"""Training strategies on two local gloo ranks (no Spark).
+
+Each multi-process fixture spawns the two ranks once and runs a whole family of checks
+there; the tests then assert on what the ranks reported. Every spawn has a timeout in the
+harness, and every test that uses one a pytest timeout, so a hang fails instead of blocking.
+"""
+from __future__ import annotations
+
+import io
+import time
+from typing import Any
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from sparkddl import strategies
+from sparkddl.errors import ConfigError
+from sparkddl.strategies.compression import pack_bits, unpack_bits
+from sparkddl.strategies.gossip import peer_offsets
+from tests.unit.dist_harness import run_ranks
+
+SPAWN_TIMEOUT_S = 120
+TEST_TIMEOUT_S = 150
+COMPRESSIONS = ("none", "fp16", "bf16", "powersgd", "topk", "sign")
+
+
+# ---- helpers that run on the ranks ----
+
+def _mlp(width: int = 32) -> nn.Module:
+    torch.manual_seed(0)  # the same initial weights on every rank, as the training loop does
+    return nn.Sequential(nn.Linear(8, width), nn.Tanh(), nn.Linear(width, 1))
+
+
+def _regression(rank: int, steps: int, batch: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``steps`` batches of this rank's own samples of one shared teacher function."""
+    teacher = torch.randn(8, 1, generator=torch.Generator().manual_seed(1))
+    gen = torch.Generator().manual_seed(100 + rank)
+    x = torch.randn(steps, batch, 8, generator=gen)
+    y = torch.tanh(x @ teacher) * 2 + 0.05 * torch.randn(steps, batch, 1, generator=gen)
+    return list(zip(x, y))
+
+
+def _fit(strategy: Any, module: nn.Module, batches: list, lrs: list[float],
+         momentum: float = 0.0, pause_s: float = 0.0, trace: list | None = None) -> list[dict]:
+    """The training loop's calls, one epoch per learning rate; one row per epoch."""
+    model = strategy.wrap(module)
+    optimizer = torch.optim.SGD(module.parameters(), lr=lrs[0], momentum=momentum)
+    rows = []
+    for lr in lrs:
+        optimizer.param_groups[0]["lr"] = lr
+        losses = []
+        for x, y in batches:
+            optimizer.zero_grad(set_to_none=True)
+            loss = F.mse_loss(model(x), y)
+            loss.backward()
+            time.sleep(pause_s)
+            strategy.step(optimizer)
+            losses.append(loss.item())
+            if trace is not None:
+                trace.append(list(strategy.clocks))
+        rows.append({"loss": sum(losses) / len(losses), **strategy.end_epoch()})
+    strategy.finalize(module)
+    return rows
+
+
+def _flat(module: nn.Module) -> torch.Tensor:
+    return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
+
+
+def _roundtrip(strategy: Any) -> bool:
+    """The state survives torch.save / torch.load(weights_only=True) and load_state_dict."""
+    buf = io.BytesIO()
+    torch.save(strategy.state_dict(), buf)
+    loaded = torch.load(io.BytesIO(buf.getvalue()), weights_only=True)
+    strategy.load_state_dict(loaded)
+    return _same(strategy.state_dict(), loaded)
+
+
+def _same(a: Any, b: Any) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if torch.is_tensor(a):
+        return torch.equal(a, b)
+    return a == b
+
+
+def _run(name: str, options: dict, rank: int, lrs: list[float], steps: int = 16,
+         **fit: Any) -> dict:
+    strategy = strategies.create(name, options)
+    module = _mlp()
+    rows = _fit(strategy, module, _regression(rank, steps, 8), lrs, **fit)
+    return {"rows": rows, "params": _flat(module), "roundtrip": _roundtrip(strategy),
+            "state": strategy.state_dict()}
+
+
+# ---- rank functions (one spawn each) ----
+
+def _equivalence(rank: int, world: int) -> dict:
+    """Parameters after five steps on 2 x batch 4, for every compression and overlap mode."""
+    x, y = _regression(0, 1, 8)[0]
+    mine = slice(rank * 4, rank * 4 + 4)
+    out = {}
+    for compression in COMPRESSIONS:
+        for overlap in (True, False):
+            options = {"overlap": overlap, "compression": compression}
+            if compression != "none":
+                options["warmup_steps"] = 1
+            module = _mlp()
+            _fit(strategies.create("allreduce", options), module, [(x[mine], y[mine])] * 5,
+                 [0.1])
+            out[(compression, overlap)] = _flat(module)
+    return out
+
+
+def _compressed_training(rank: int, world: int) -> dict:
+    runs = {}
+    for compression in COMPRESSIONS:
+        for overlap in (True, False):
+            options = {"compression": compression, "overlap": overlap}
+            if compression != "none":
+                options["warmup_steps"] = 2
+            runs[(compression, overlap)] = _run("allreduce", options, rank, [0.05] * 4)
+    return runs
+
+
+def _allreduce_family(rank: int, world: int) -> dict:
+    return {"equivalence": _equivalence(rank, world),
+            "training": _compressed_training(rank, world)}
+
+
+def _bytes_per_epoch(rank: int, world: int) -> dict:
+    """Two epochs of eight steps on a model of three 1024 x 1024 layers: comm per epoch."""
+    configs = {"allreduce": ("allreduce", {}),
+               "no_overlap": ("allreduce", {"overlap": False}),
+               "local_sgd": ("local_sgd", {"period": 8})}
+    for compression in COMPRESSIONS[1:]:
+        configs[compression] = ("allreduce", {"compression": compression, "warmup_steps": 4})
+    gen = torch.Generator().manual_seed(rank)
+    batches = [(torch.randn(4, 1024, generator=gen), torch.randn(4, 1024, generator=gen))
+               for _ in range(8)]
+    out = {}
+    for label, (name, options) in configs.items():
+        torch.manual_seed(0)
+        module = nn.Sequential(nn.Linear(1024, 1024), nn.ReLU(), nn.Linear(1024, 1024),
+                               nn.ReLU(), nn.Linear(1024, 1024))
+        out[label] = _fit(strategies.create(name, options), module, batches, [0.01, 0.01])
+    return out
+
+
+def _model_averaging(rank: int, world: int) -> dict:
+    fast_decay = [0.1, 0.1, 0.001, 0.001]
+    return {
+        "local_sgd": _run("local_sgd", {"period": 4, "warmup_steps": 2,
+                                        "average_optimizer_state": True}, rank, [0.05] * 4,
+                          momentum=0.9),
+        "dynamic_never": _run("dynamic_averaging", {"threshold": 1e12, "check_every": 4},
+                              rank, [0.05] * 4),
+        "dynamic_always": _run("dynamic_averaging", {"threshold": 0.0, "check_every": 4},
+                               rank, [0.05] * 4),
+        "gossip_ring": _run("gossip", {}, rank, fast_decay),
+        "gossip_exponential": _run("gossip", {"topology": "exponential"}, rank, [0.05] * 4),
+    }
+
+
+def _stale_synchronous(rank: int, world: int) -> dict:
+    """Rank 1 is slow; rank 0 may run ahead by ``staleness`` steps, never further."""
+    out = {}
+    for staleness in (0, 2):
+        trace: list = []
+        run = _run("ssp", {"staleness": staleness}, rank, [0.05] * 3, steps=12,
+                   pause_s=0.04 if rank == 1 and staleness else 0.0, trace=trace)
+        out[staleness] = {**run, "trace": trace}
+    return out
+
+
+# ---- fixtures: one spawn per family of checks ----
+
+@pytest.fixture(scope="module")
+def allreduce_runs():
+    return run_ranks(_allreduce_family, timeout_s=SPAWN_TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def equivalence(allreduce_runs):
+    return [r["equivalence"] for r in allreduce_runs]
+
+
+@pytest.fixture(scope="module")
+def compressed(allreduce_runs):
+    return [r["training"] for r in allreduce_runs]
+
+
+@pytest.fixture(scope="module")
+def comm_bytes():
+    return run_ranks(_bytes_per_epoch, timeout_s=SPAWN_TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def averaging():
+    return run_ranks(_model_averaging, timeout_s=SPAWN_TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def ssp():
+    return run_ranks(_stale_synchronous, timeout_s=SPAWN_TIMEOUT_S)
+
+
+# ---- synchronous allreduce ----
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+@pytest.mark.parametrize("overlap", [True, False])
+def test_two_ranks_match_one_rank_with_the_whole_batch(equivalence, overlap):
+    x, y = _regression(0, 1, 8)[0]
+    module = _mlp()
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    for _ in range(5):
+        optimizer.zero_grad()
+        F.mse_loss(module(x), y).backward()
+        optimizer.step()
+    for rank_result in equivalence:
+        torch.testing.assert_close(rank_result[("none", overlap)], _flat(module), rtol=1e-5,
+                                   atol=1e-6)
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+@pytest.mark.parametrize("compression", COMPRESSIONS[1:])
+def test_compression_is_the_same_with_and_without_overlap(equivalence, compression):
+    """The small model fits one bucket either way, so the DDP hook and the no-overlap path
+    must hand the codec the same gradients, parameter keys and shapes."""
+    for rank_result in equivalence:
+        torch.testing.assert_close(rank_result[(compression, True)],
+                                   rank_result[(compression, False)], rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(equivalence[0][(compression, True)],
+                              equivalence[0][("none", True)], rtol=0, atol=1e-6)
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+@pytest.mark.parametrize("overlap", [True, False])
+@pytest.mark.parametrize("compression", COMPRESSIONS)
+def test_every_compression_trains_and_keeps_replicas_identical(compressed, compression,
+                                                                overlap):
+    runs = [r[(compression, overlap)] for r in compressed]
+    rows = runs[0]["rows"]
+    assert rows[-1]["loss"] < 0.5 * rows[0]["loss"], rows
+    torch.testing.assert_close(runs[0]["params"], runs[1]["params"], rtol=0, atol=0)
+    assert all(r["roundtrip"] for r in runs)
+    state = runs[0]["state"]
+    assert state["steps"] == 64
+    n_params = len(list(_mlp().parameters()))
+    if compression in ("topk", "sign"):  # a residual for every parameter
+        assert sorted(state["codec"]["residual"]) == list(range(n_params))
+    if compression == "powersgd":  # residual and warm-start factor for the 32 x 8 weight only
+        assert list(state["codec"]["residual"]) == list(state["codec"]["q"]) == [0]
+        assert state["codec"]["q"][0].shape == (8, 2)
+
+
+def test_powersgd_compresses_only_matrices_whose_factors_are_smaller():
+    from sparkddl.strategies.powersgd import PowerSGD
+
+    codec = PowerSGD(strategies.CommStats(), rank=2)
+    assert codec.compressible(torch.Size([64, 32]))
+    assert codec.compressible(torch.Size([16, 3, 3, 3]))  # conv kernels fold to 16 x 27
+    assert not codec.compressible(torch.Size([64]))
+    assert not codec.compressible(torch.Size([3, 2]))
+
+
+def test_sign_bits_pack_eight_to_a_byte():
+    mask = torch.rand(37) > 0.5
+    packed = pack_bits(mask)
+    assert packed.dtype == torch.uint8 and packed.numel() == 5
+    assert torch.equal(unpack_bits(packed, 37), mask)
+    assert pack_bits(torch.tensor([True] + [False] * 7)).tolist() == [128]
+
+
+# ---- bytes per epoch ----
+
+def _epoch_bytes(runs: list, label: str, epoch: int = 1) -> int:
+    return runs[0][label][epoch]["comm_bytes"]
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_bytes_per_epoch_follow_the_strategy(comm_bytes):
+    full = _epoch_bytes(comm_bytes, "allreduce")
+    ratio = {label: _epoch_bytes(comm_bytes, label) / full for label in comm_bytes[0]}
+    print("bytes per epoch relative to allreduce:",
+          {k: round(v, 4) for k, v in ratio.items()})
+    assert full >= 8 * 3 * 1024 * 1025 * 4  # eight steps of the whole model
+    assert ratio["no_overlap"] == 1.0
+    assert ratio["local_sgd"] <= 1 / 8 * 1.01
+    assert 0.49 <= ratio["fp16"] <= 0.51 and 0.49 <= ratio["bf16"] <= 0.51
+    assert ratio["topk"] < 0.05
+    assert ratio["powersgd"] < 0.02
+    assert ratio["sign"] < 1 / 30
+    # the warm-up epoch sent whole buckets for half its steps
+    warm = _epoch_bytes(comm_bytes, "topk", epoch=0) / full
+    assert 0.5 < warm < 0.55
+
+
+# ---- model averaging: local SGD, dynamic averaging, gossip ----
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+@pytest.mark.parametrize("label", ["local_sgd", "dynamic_never", "dynamic_always",
+                                   "gossip_ring", "gossip_exponential"])
+def test_model_averaging_trains_and_finalize_agrees(averaging, label):
+    runs = [r[label] for r in averaging]
+    rows = runs[0]["rows"]
+    assert rows[-1]["loss"] < 0.5 * rows[0]["loss"], rows
+    assert not torch.equal(runs[0]["params"], _flat(_mlp()))
+    torch.testing.assert_close(runs[0]["params"], runs[1]["params"], rtol=0, atol=1e-7)
+    assert all(r["roundtrip"] for r in runs)
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_dynamic_averaging_syncs_by_threshold(averaging):
+    for result in averaging:
+        assert [row["syncs"] for row in result["dynamic_never"]["rows"]] == [0, 0, 0, 0]
+        assert [row["comm_bytes"] for row in result["dynamic_never"]["rows"]] == [32] * 4
+        assert [row["syncs"] for row in result["dynamic_always"]["rows"]] == [4, 4, 4, 4]
+        state = result["dynamic_always"]["state"]
+        assert state["steps"] == 64 and len(state["reference"]) == 4
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_gossip_consensus_distance_shrinks_when_the_learning_rate_decays(averaging):
+    rows = averaging[0]["gossip_ring"]["rows"]
+    distances = [row["consensus_distance"] for row in rows]
+    assert distances[0] > 0
+    assert distances[3] < distances[1] / 10, distances
+    model_bytes = sum(p.numel() * 4 for p in _mlp().parameters())
+    assert rows[0]["comm_bytes"] == 16 * model_bytes  # one neighbour when there are 2 ranks
+    assert rows[0]["control_bytes"] == model_bytes + 8
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_local_sgd_averages_every_period_after_warmup(averaging):
+    rows = averaging[0]["local_sgd"]["rows"]
+    model_bytes = sum(p.numel() * 4 for p in _mlp().parameters())
+    # epoch 1: 2 synchronous steps, then averages after steps 6, 10, 14 (model + momentum)
+    assert rows[0]["comm_bytes"] == 2 * model_bytes + 3 * 2 * model_bytes
+    assert rows[1]["comm_bytes"] == 4 * 2 * model_bytes
+
+
+# ---- stale-synchronous parameter server ----
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+@pytest.mark.parametrize("staleness", [0, 2])
+def test_ssp_workers_stay_within_staleness(ssp, staleness):
+    for rank, result in enumerate(ssp):
+        run = result[staleness]
+        leads = [step + 1 - min(clocks) for step, clocks in
+                 enumerate(c for c in run["trace"])]
+        assert max(leads) <= staleness
+        assert all(row["max_lead"] <= staleness for row in run["rows"])
+        rows = run["rows"]
+        assert rows[-1]["loss"] < 0.7 * rows[0]["loss"], rows
+    fast = ssp[0][staleness]
+    assert max(row["max_lead"] for row in fast["rows"]) == staleness  # it did run ahead
+    torch.testing.assert_close(ssp[0][staleness]["params"], ssp[1][staleness]["params"],
+                               rtol=0, atol=0)
+
+
+# ---- configuration errors (no processes) ----
+
+def test_unknown_strategy_lists_the_valid_ones():
+    with pytest.raises(ConfigError, match=r"unknown strategy 'gosip'; choose one of allreduce, "
+                                          r"local_sgd, dynamic_averaging, gossip, ssp"):
+        strategies.create("gosip")
+
+
+@pytest.mark.parametrize("name,options,valid", [
+    ("allreduce", {"bucket_size": 1}, "bucket_cap_mb, overlap, compression, rank, ratio"),
+    ("local_sgd", {"periode": 4}, "period, warmup_steps, average_optimizer_state"),
+    ("dynamic_averaging", {"treshold": 1}, "threshold, check_every"),
+    ("gossip", {"graph": "ring"}, "topology"),
+    ("ssp", {"stale": 1}, "staleness"),
+])
+def test_unknown_options_list_the_valid_ones(name, options, valid):
+    with pytest.raises(ConfigError, match=f"unknown option.*{name}.*valid options: {valid}"):
+        strategies.create(name, options)
+
+
+@pytest.mark.parametrize("name,options,message", [
+    ("local_sgd", {"period": 0}, r"option period=0 is invalid; expected an integer >= 1"),
+    ("local_sgd", {"period": 2.5}, r"option period=2.5 is invalid"),
+    ("local_sgd", {"average_optimizer_state": "yes"}, r"average_optimizer_state='yes'"),
+    ("allreduce", {"compression": "topk", "ratio": 1.5},
+     r"option ratio=1.5 is invalid; expected a number > 0 and <= 1"),
+    ("allreduce", {"compression": "powersgd", "rank": 0}, r"option rank=0 is invalid"),
+    ("allreduce", {"compression": "zip"}, r"compression='zip' is invalid; expected one of none, "
+                                          r"fp16, bf16, powersgd, topk, sign"),
+    ("allreduce", {"overlap": 1}, r"option overlap=1 is invalid; expected true or false"),
+    ("allreduce", {"bucket_cap_mb": 0}, r"bucket_cap_mb=0 is invalid; expected a number > 0"),
+    ("allreduce", {"ratio": 0.1}, r"option ratio only applies with compression=topk"),
+    ("allreduce", {"compression": "fp16", "rank": 4}, r"rank only applies with "
+                                                      r"compression=powersgd"),
+    ("dynamic_averaging", {"threshold": -1}, r"threshold=-1 is invalid; expected a number >= 0"),
+    ("dynamic_averaging", {"check_every": 0}, r"check_every=0 is invalid"),
+    ("gossip", {"topology": "star"}, r"topology='star' is invalid; expected one of ring, "
+                                     r"exponential"),
+    ("ssp", {"staleness": -1}, r"staleness=-1 is invalid; expected an integer >= 0"),
+])
+def test_bad_option_values_name_the_option(name, options, message):
+    with pytest.raises(ConfigError, match=message):
+        strategies.create(name, options)
+
+
+def test_gossip_topologies():
+    assert peer_offsets("ring", 2) == [1]
+    assert peer_offsets("ring", 8) == [1, 7]
+    assert peer_offsets("exponential", 8) == [1, 2, 4]
+    assert peer_offsets("exponential", 6) == [1, 2, 4]
+    assert peer_offsets("ring", 1) == peer_offsets("exponential", 1) == []
+
+
+def test_ssp_messages_are_raw_bytes_and_carry_server_errors():
+    from sparkddl.errors import SparkDDLError
+    from sparkddl.strategies.ssp import decode_pull, encode_pull, pack, unpack
+
+    tensors = [torch.randn(3, 2), torch.randn(5).to(torch.bfloat16), torch.tensor(2.5)]
+    clocks, payload = decode_pull(encode_pull([4, 2], pack(tensors)), world=2)
+    assert clocks == [4, 2]
+    for got, want in zip(unpack(payload, tensors), tensors):
+        assert got.dtype == want.dtype and torch.equal(got, want)
+    with pytest.raises(SparkDDLError, match="SSP parameter server on rank 0 failed: boom"):
+        decode_pull(encode_pull([], b"boom"), world=2)
