@@ -5,8 +5,9 @@ Parquet), then, on the same files, in one process:
   - plain pyarrow: each row group read with pyarrow.parquet and turned into tensors
     zero-copy, in one thread (what any Parquet reader has to pay; no shuffling, no fixed
     batch size);
-  - sparkddl: ``epoch_batches`` for a 1-rank plan: Petastorm reader, decoding, shuffle
-    buffer, fixed-size batches of 256, with 2 reader threads, and with the shuffle off.
+  - sparkddl: ``epoch_batches`` for a 1-rank plan with each reader (Petastorm where it loads
+    on this stack, and the pyarrow.dataset reader): decoding, shuffle buffer, fixed-size
+    batches of 256, with 2 reader threads, with the shuffle buffer off, and read inline.
 Each is run REPEATS times; the best rate counts (the files are in the page cache after the
 first pass for all of them).
 """
@@ -23,6 +24,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import local_spark, write_results  # noqa: E402
 
 D, BATCH, REPEATS = 64, 256, 3
+SETTINGS = {"shuffle buffer 10k, 2 threads": {"reader_workers": 2},
+            "no shuffle, 2 threads": {"reader_workers": 2, "shuffle_buffer": 0},
+            "shuffle buffer 10k, inline": {"reader_pool": "dummy"}}
 
 
 def materialize(rows: int, store: str):
@@ -72,6 +76,15 @@ def sparkddl_reader(dataset, **reader) -> int:
     return sum(len(b["features"]) for b in epoch_batches(plan, 0, 0))
 
 
+def readers() -> tuple[list[str], str]:
+    """The readers this stack can run, and a note on any left out."""
+    from sparkddl.data.petastorm_source import unavailable_reason
+    problem = unavailable_reason()
+    if problem:
+        return ["arrow"], f" The Petastorm reader cannot run on this stack ({problem})."
+    return ["petastorm", "arrow"], ""
+
+
 def best_rate(fn) -> float:
     rates = []
     for _ in range(REPEATS):
@@ -85,28 +98,22 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rows", type=int, default=1_000_000)
     args = parser.parse_args()
+    names, missing = readers()
     with tempfile.TemporaryDirectory() as tmp:
         dataset, prep_s = materialize(args.rows, tmp)
-        runs = {
-            "plain pyarrow (row groups -> tensors)": plain_pyarrow,
-            "sparkddl reader, shuffle buffer 10k, 2 threads":
-                lambda: sparkddl_reader(dataset, reader_workers=2),
-            "sparkddl reader, no shuffle, 2 threads":
-                lambda: sparkddl_reader(dataset, reader_workers=2, shuffle_buffer=0),
-            "sparkddl reader, shuffle buffer 10k, inline":
-                lambda: sparkddl_reader(dataset, reader_pool="dummy"),
-        }
-        rows = []
-        for name, fn in runs.items():
-            rows.append({"reader": name, "rows_per_s": best_rate(
-                (lambda f=fn: f(dataset)) if fn is plain_pyarrow else fn)})
+        runs = {"plain pyarrow (row groups -> tensors)": lambda: plain_pyarrow(dataset)}
+        for name in names:
+            for setting, options in SETTINGS.items():
+                runs[f"sparkddl {name} reader, {setting}"] = \
+                    lambda o=options, n=name: sparkddl_reader(dataset, reader=n, **o)
+        rows = [{"reader": name, "rows_per_s": best_rate(fn)} for name, fn in runs.items()]
     base = rows[0]["rows_per_s"]
     for row in rows:
         row["ratio_vs_plain"] = row["rows_per_s"] / base
 
     def plot(path: Path) -> None:
         import matplotlib.pyplot as plt
-        fig, ax = plt.subplots(figsize=(8, 3))
+        fig, ax = plt.subplots(figsize=(8, 1 + 0.4 * len(rows)))
         ax.barh([r["reader"] for r in rows][::-1], [r["rows_per_s"] / 1e6 for r in rows][::-1])
         ax.set_xlabel("million rows/s into torch tensors (64 float32 features + label)")
         fig.tight_layout()
@@ -114,7 +121,8 @@ def main() -> None:
 
     write_results("reader_throughput", rows, ["reader", "rows_per_s", "ratio_vs_plain"],
                   f"Reader throughput, {args.rows:,} rows x {D} floats, one rank", plot,
-                  notes=f"Materializing them through Spark (local[2]) took {prep_s:.1f}s.")
+                  notes=f"Materializing them through Spark (local[2]) took {prep_s:.1f}s."
+                        f"{missing}")
 
 
 if __name__ == "__main__":

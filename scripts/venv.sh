@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Create or refresh the project's virtualenv with the pinned stack (constraints.txt).
+# Create or refresh a virtualenv with a pinned stack: constraints.txt (with Petastorm) by default,
+# or another file in SPARKDDL_CONSTRAINTS (constraints-current.txt), into SPARKDDL_VENV.
 # Idempotent: a stamp of the dependency files makes it a no-op when nothing changed.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -30,6 +31,11 @@ pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 # the stack is tested with 69.5.1 (tests/unit/test_stack.py), so pip's resolver is not asked
 "${pip[@]}" --no-deps -r "$constraints" 2>&1 | quiet
 "${pip[@]}" --no-deps --no-build-isolation -e "$root" 2>&1 | quiet
-"$venv/bin/python" -c "import sparkddl, torch, pyspark, petastorm" \
+# the Petastorm stack must import it; the current stack (constraints-current.txt) has none
+imports="sparkddl, torch, pyspark, pyarrow.dataset"
+grep -q '^petastorm==' "$constraints" && imports="$imports, petastorm.reader"
+"$venv/bin/python" -c "import $imports" \
   || { echo "the virtualenv at $venv is broken; delete it and retry" >&2; exit 1; }
+# a venv inside the checkout (.venv-current) must never be committed
+[ -f "$venv/.gitignore" ] || echo '*' > "$venv/.gitignore"
 echo "$want" > "$stamp"

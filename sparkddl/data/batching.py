@@ -21,7 +21,10 @@ def decode_arrow(col: ColumnSpec, values: Any) -> np.ndarray:
     of ``col.dtype``, zero-copy where the layout allows."""
     import pyarrow as pa
 
-    arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    if isinstance(values, pa.ChunkedArray):  # one chunk: use it as is (combining copies)
+        arr = values.chunk(0) if values.num_chunks == 1 else values.combine_chunks()
+    else:
+        arr = values
     n = len(arr)
     if arr.null_count:
         raise DataError(f"column {col.name!r} has {arr.null_count} null values in a row group; "

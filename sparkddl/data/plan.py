@@ -3,7 +3,8 @@
 Computed once on the driver from Parquet footers, with Petastorm's shard rule (the i-th
 row group of the dataset, files in path order, belongs to shard ``i % world``), so that
 every rank runs exactly the same number of steps and an allreduce can never wait for a
-rank that ran out of data.
+rank that ran out of data. Both readers (Petastorm, and pyarrow.dataset where Petastorm
+cannot load) follow that rule; :func:`resolve_reader` picks one.
 
 Remainder: each rank uses ``steps_per_epoch * batch_size`` of its rows per epoch; the rest
 of its shard (fewer than a batch, plus any excess over the smallest shard) is skipped for
@@ -18,13 +19,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkddl.data.schema import ColumnSpec
-from sparkddl.errors import DataError
+from sparkddl.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
 # above this share of rows skipped per epoch, every rank reads the whole (small) dataset
 # and keeps every world-th row instead of whole row groups
 MAX_SKIPPED_SHARE = 0.25
+READERS = ("auto", "petastorm", "arrow")
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,8 @@ class ShardPlan:
     shuffle_buffer: int = 10_000  # rows; 0 = no in-memory shuffle
     reader_workers: int = 2
     reader_pool: str = "thread"
+    # the choice as asked, not as resolved: every rank resolves it again for its own Python
+    reader: str = "auto"
 
     @property
     def names(self) -> list[str]:
@@ -94,10 +98,58 @@ def stride_rows(total: int, world: int) -> list[int]:
     return [len(range(r, total, world)) for r in range(world)]
 
 
+def sub_shard(plan: ShardPlan, rank: int, part: int, parts: int) -> tuple[int, int]:
+    """(shard, count) of part ``part`` of ``parts`` of ``rank``'s shard: row group i belongs to
+    it when ``i % count == shard``. Shards ``rank + world*k`` of ``world*parts`` for
+    k = 0..parts-1 together hold exactly the row groups of shard ``rank`` of ``world``."""
+    return rank + plan.world * part, plan.world * parts
+
+
+def resolve_reader(choice: str, where: str = "driver") -> str:
+    """The reader ``choice`` means in this Python process: "petastorm" or "arrow".
+
+    "auto" takes Petastorm where it loads, else the Arrow reader; an explicit "petastorm"
+    that cannot load here is a ConfigError. Called on the driver when planning (to fail
+    before anything is launched) and on every rank before reading, because executors may
+    run another Python environment than the driver."""
+    if choice not in READERS:
+        raise ConfigError(f"unknown reader {choice!r}; choose one of {', '.join(READERS)}")
+    if choice == "arrow":
+        return _chosen("arrow", "reader='arrow' was asked for", where)
+    from sparkddl.data.petastorm_source import unavailable_reason  # a cycle at import time
+    problem = unavailable_reason()
+    if choice == "petastorm" and problem:
+        raise ConfigError(
+            f"reader='petastorm' but Petastorm cannot be used here ({where}): {problem}. "
+            "Petastorm 0.13.1 needs pyarrow < 15 and numpy < 2: install the pinned stack of "
+            "constraints.txt (scripts/venv.sh does), or choose reader='arrow' (or 'auto'), "
+            "which needs only pyarrow")
+    if choice == "petastorm":
+        return _chosen("petastorm", "reader='petastorm' was asked for", where)
+    if problem:
+        return _chosen("arrow", f"reader='auto' and Petastorm cannot be used here ({problem})",
+                       where)
+    return _chosen("petastorm", "reader='auto' and Petastorm loads here", where)
+
+
+# choices already announced in this process: a rank resolves its reader every epoch,
+# and saying it once at INFO is enough
+_announced: set[tuple[str, str, str]] = set()
+
+
+def _chosen(reader: str, why: str, where: str) -> str:
+    level = logging.DEBUG if (reader, why, where) in _announced else logging.INFO
+    _announced.add((reader, why, where))
+    log.log(level, "%s: using the %s reader: %s", where, reader, why)
+    return reader
+
+
 def plan_shards(url: str, columns: tuple[ColumnSpec, ...], row_group_rows: list[int], world: int,
-                batch_size: int, **reader: Any) -> ShardPlan:
+                batch_size: int, **options: Any) -> ShardPlan:
     """Choose row-group sharding (or row striding for datasets with too few or too uneven
-    row groups) and the common number of steps per epoch."""
+    row groups) and the common number of steps per epoch. ``options`` are the reader
+    fields of :class:`ShardPlan`; its ``reader`` choice is checked here, on the driver."""
+    resolve_reader(options.get("reader", "auto"))
     total = sum(row_group_rows)
     if total < world * batch_size:
         raise DataError(f"{total} training rows are fewer than num_workers × batch_size = "
@@ -114,4 +166,4 @@ def plan_shards(url: str, columns: tuple[ColumnSpec, ...], row_group_rows: list[
     steps = min(rows) // batch_size
     return ShardPlan(url=url, columns=columns, world=world, batch_size=batch_size,
                      steps_per_epoch=steps, rows_per_rank=tuple(rows),
-                     row_groups=tuple(row_group_rows), stride=stride, **reader)
+                     row_groups=tuple(row_group_rows), stride=stride, **options)

@@ -3,7 +3,10 @@ from __future__ import annotations
 
 import pytest
 
+from tests.stacks import needs_petastorm
 
+
+@needs_petastorm
 @pytest.mark.timeout(120)
 def test_petastorm_reads_spark_parquet(spark_local, tmp_path):
     from petastorm import make_batch_reader

@@ -11,6 +11,7 @@ from sparkddl.data.batching import Rebatcher, decode_arrow
 from sparkddl.data.plan import list_row_groups, plan_shards, shard_rows
 from sparkddl.data.schema import ColumnSpec, DataSpec, check_columns, column_spec
 from sparkddl.errors import DataError
+from tests.stacks import needs_petastorm
 
 COLS = (ColumnSpec("x", "feature", "scalar", "float32"),)
 
@@ -45,6 +46,7 @@ def test_fewer_rows_than_one_global_batch_is_a_data_error():
         plan_shards("u", COLS, [10, 10, 10], world=4, batch_size=8)
 
 
+@needs_petastorm
 def test_row_group_order_matches_petastorm(tmp_path):
     from petastorm.etl import dataset_metadata
     from petastorm.fs_utils import get_filesystem_and_path_or_paths

@@ -1,0 +1,43 @@
+"""Row groups of a sub-shard through ``pyarrow.dataset``: the reader for stacks where
+Petastorm cannot load (pyarrow >= 15, numpy 2, Spark >= 4.1).
+
+It keeps Petastorm's contract: the row groups are those of :func:`list_row_groups` (files in
+path order, Petastorm's rule for which files are data), row group i belongs to sub-shard
+``i % count``; each epoch reads every row group of the sub-shard once, in a seeded order,
+with the rows of each in a seeded order. The permutations are not Petastorm's, but depend
+only on the seed, the epoch, the rank and the sub-shard, so a resumed run reads the same
+order. Decoding, re-batching and step counting are :mod:`sparkddl.data.reader`'s.
+"""
+from __future__ import annotations
+
+from typing import Any, Generator
+
+import numpy as np
+
+from sparkddl.data.plan import ShardPlan, list_row_groups, sub_shard
+from sparkddl.store import Store
+
+
+def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
+                   ) -> Generator[Any, None, None]:
+    """Arrow record batches of the row groups of part ``part`` of ``parts`` of this rank's shard,
+    one pass, rows shuffled inside each; striding, every row group in file order,
+    unshuffled (the reader keeps this rank's rows)."""
+    import pyarrow.dataset as ds
+
+    store = Store.from_uri(plan.url)
+    filesystem = store.filesystem()
+    groups = list_row_groups(filesystem, store.fs_path(plan.url))
+    rng = np.random.default_rng([plan.seed, epoch, rank, part])
+    if not plan.stride:
+        shard, count = sub_shard(plan, rank, part, parts)
+        groups = [g for i, g in enumerate(groups) if i % count == shard]
+        groups = [groups[i] for i in rng.permutation(len(groups))]
+    parquet = ds.ParquetFileFormat()
+    for group in groups:
+        fragment = parquet.make_fragment(group.path, filesystem=filesystem,
+                                         row_groups=[group.index])
+        # record batches, not tables: their columns are plain arrays, which decode without
+        # the copy that merging a table's chunks costs; one batch holds the whole row group
+        for batch in fragment.to_batches(columns=plan.names, batch_size=max(group.rows, 1)):
+            yield batch if plan.stride else batch.take(rng.permutation(batch.num_rows))

@@ -1,0 +1,141 @@
+"""Row groups of a sub-shard through Petastorm (the pinned stack: pyarrow 14, numpy 1.26).
+
+Petastorm plans, orders and reads the row groups, shuffling rows inside each; its Arrow
+tables go to :mod:`sparkddl.data.reader`, which decodes, re-batches and counts steps the
+same way for every source. Nothing here imports Petastorm until a shard is read.
+"""
+from __future__ import annotations
+
+import collections
+import importlib
+import logging
+import threading
+import warnings
+from typing import Any, Generator
+
+from sparkddl.data.plan import ShardPlan, sub_shard
+
+# the modules this source uses: importing them is the test of whether Petastorm works here
+MODULES = ("petastorm.reader", "petastorm.arrow_reader_worker", "petastorm.fs_utils",
+           "petastorm.workers_pool")
+
+# Petastorm 0.13 drives pyarrow 14 through its deprecated legacy API on every row group,
+# and logs at INFO that plain Parquet has no Petastorm metadata (expected here)
+warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm(\.|$)")
+logging.getLogger("petastorm").setLevel(logging.WARNING)
+
+
+def unavailable_reason() -> str | None:
+    """None where Petastorm loads in this Python, else what went wrong."""
+    for name in MODULES:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # noqa: BLE001 - pyarrow >= 15 breaks it with AttributeError too
+            return f"importing {name} failed: {type(exc).__name__}: {exc}"
+    return None
+
+
+def epoch_seed(plan: ShardPlan, epoch: int, part: int = 0) -> int:
+    """Row-group order of an epoch: the same on every attempt, new each epoch; never 0,
+    which Petastorm takes as "unseeded"."""
+    return (plan.seed * 1_000_003 + epoch * 1_009 + part) % (2**31 - 1) or 1
+
+
+def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
+                   ) -> Generator[Any, None, None]:
+    """Arrow tables of the row groups of part ``part`` of ``parts`` of this rank's shard
+    (:func:`sub_shard`), one pass, rows shuffled inside each; striding, every row group in
+    file order, unshuffled."""
+    from petastorm.workers_pool import EmptyResultError
+
+    shard = {} if plan.stride else dict(zip(("cur_shard", "shard_count"),
+                                            sub_shard(plan, rank, part, parts)))
+    pool = InlinePool()
+    reader = _open_reader(plan.url, plan.names, pool, seed=epoch_seed(plan, epoch, part),
+                          shuffle_row_groups=not plan.stride, shuffle_rows=not plan.stride,
+                          **shard)
+    try:
+        while True:
+            try:
+                yield pool.get_results()
+            except EmptyResultError:
+                return
+    finally:
+        reader.stop()
+        reader.join()
+
+
+def _open_reader(url: str, columns: list[str], pool: "InlinePool", **options: Any) -> Any:
+    """A Petastorm batch reader (what ``make_batch_reader`` builds, for plain Parquet) over
+    ``pool``, reading one pass of the dataset; its row groups are taken from the pool."""
+    from petastorm.arrow_reader_worker import ArrowReaderWorker
+    from petastorm.fs_utils import get_filesystem_and_path_or_paths, normalize_dir_url
+    from petastorm.reader import Reader
+
+    filesystem, path = get_filesystem_and_path_or_paths(normalize_dir_url(url))
+    return Reader(filesystem, path, schema_fields=columns, worker_class=ArrowReaderWorker,
+                  reader_pool=pool, num_epochs=1, is_batched_reader=True, **options)
+
+
+class InlinePool:
+    """Petastorm's worker-pool interface, processing each row group in the calling thread.
+
+    Petastorm's own pools are not used: its ThreadPool can end an epoch early (seen with
+    petastorm 0.13.1: 80 of 200 one-worker reads of a 512-row shard returned 256 rows, 2 of
+    200 four-worker reads returned none), and its DummyPool sleeps 100 ms whenever its
+    ventilator thread has not queued the next row group.
+
+    The Reader's ventilator thread queues row-group work items; ``get_results`` takes the
+    next one, waking as soon as one is queued. ``workers_count`` only sizes the ventilation
+    queue, which is made large enough that the ventilator never throttles itself (its
+    items are tiny descriptions of row groups)."""
+
+    workers_count = 1024
+
+    def __init__(self) -> None:
+        self._items: collections.deque = collections.deque()
+        self._results: list[Any] = []
+        self._ready = threading.Condition()
+        self._ventilator: Any = None
+        self._worker: Any = None
+
+    def start(self, worker_class: Any, worker_args: Any = None, ventilator: Any = None) -> None:
+        self._worker = worker_class(0, self._results.append, worker_args)
+        self._ventilator = ventilator
+        if ventilator is not None:
+            ventilator.start()
+
+    def ventilate(self, *args: Any, **kwargs: Any) -> None:
+        with self._ready:
+            self._items.append((args, kwargs))
+            self._ready.notify()
+
+    def get_results(self) -> Any:
+        from petastorm.workers_pool import EmptyResultError
+
+        while not self._results:
+            with self._ready:
+                while not self._items:
+                    # completed() turns true only after the last item was queued
+                    if self._ventilator is None or self._ventilator.completed():
+                        raise EmptyResultError()
+                    self._ready.wait(0.01)
+                args, kwargs = self._items.popleft()
+            self._worker.process(*args, **kwargs)
+            if self._ventilator is not None:
+                self._ventilator.processed_item()
+        return self._results.pop(0)
+
+    def stop(self) -> None:
+        if self._ventilator is not None:
+            self._ventilator.stop()
+
+    def join(self) -> None:
+        pass
+
+    def results_qsize(self) -> int:
+        return len(self._results)
+
+    @property
+    def diagnostics(self) -> dict[str, int]:
+        return {"output_queue_size": len(self._results)}

@@ -1,0 +1,186 @@
+"""One contract, both readers: Petastorm and pyarrow.dataset read shards the same way.
+
+Parquet written with pyarrow, no Spark. Row ids encode where a row lives: row ``id`` is in
+global row group ``id // GROUP`` (files in path order), so the shard rule can be checked.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import sys
+import threading
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+import torch
+from pyarrow import fs as pafs
+
+from sparkddl.data import petastorm_source
+from sparkddl.data.plan import ShardPlan, list_row_groups, plan_shards, resolve_reader
+from sparkddl.data.reader import epoch_batches
+from sparkddl.data.schema import ColumnSpec
+from sparkddl.errors import ConfigError, DataError
+from tests.stacks import needs_petastorm
+
+GROUP, FILES, GROUPS_PER_FILE = 32, 2, 8  # 512 rows in 16 row groups
+COLUMNS = (ColumnSpec("id", "extra", "scalar", "int64"),
+           ColumnSpec("x", "feature", "scalar", "float32"),
+           ColumnSpec("img", "feature", "tensor", "float32", (2, 3)),
+           ColumnSpec("v", "feature", "list", "float32", (3,)),
+           ColumnSpec("label", "label", "scalar", "int64"))
+READERS = [pytest.param("petastorm", marks=needs_petastorm), "arrow"]
+
+
+def _table(ids: np.ndarray) -> pa.Table:
+    img = (ids[:, None] + np.arange(6)).astype("<f4")
+    return pa.table({
+        "id": ids, "x": ids / 2,
+        "img": pa.array([row.tobytes() for row in img], type=pa.binary()),
+        "v": pa.array([[i, -i, 1.0] for i in ids.tolist()], type=pa.list_(pa.float64())),
+        "label": (ids % 10).astype(np.int32)})
+
+
+def _write(root, sizes_per_file: list[list[int]]) -> str:
+    """Files part-0, part-1, ... with row groups of the given sizes; ids count up."""
+    start = 0
+    for f, sizes in enumerate(sizes_per_file):
+        with pq.ParquetWriter(root / f"part-{f}.parquet", _table(np.arange(1)).schema) as w:
+            for size in sizes:
+                w.write_table(_table(np.arange(start, start + size)), row_group_size=size)
+                start += size
+    (root / "_SUCCESS").write_text("")  # not data, for either reader
+    return f"file://{root}"
+
+
+def _plan(url: str, **options) -> ShardPlan:
+    root = url[len("file://"):]
+    rows = [g.rows for g in list_row_groups(pafs.LocalFileSystem(), root)]
+    options.setdefault("world", 2)
+    options.setdefault("batch_size", 16)
+    return plan_shards(url, COLUMNS, rows, **options)
+
+
+@pytest.fixture(scope="module")
+def dataset(tmp_path_factory) -> str:
+    return _write(tmp_path_factory.mktemp("even"), [[GROUP] * GROUPS_PER_FILE] * FILES)
+
+
+def _ids(plan: ShardPlan, rank: int, epoch: int) -> list[int]:
+    return torch.cat([b["id"] for b in epoch_batches(plan, rank, epoch)]).tolist()
+
+
+@pytest.mark.parametrize("pool", ["thread", "dummy"])
+@pytest.mark.parametrize("reader", READERS)
+def test_every_row_once_per_epoch_in_its_ranks_row_groups(dataset, reader, pool):
+    plan = _plan(dataset, seed=3, reader=reader, reader_pool=pool)
+    assert plan.steps_per_epoch == 16 and not plan.stride  # 256 rows per rank, none skipped
+    for epoch in range(2):
+        by_rank = [_ids(plan, rank, epoch) for rank in range(2)]
+        for rank, ids in enumerate(by_rank):
+            assert {(i // GROUP) % 2 for i in ids} == {rank}  # row group g -> rank g % world
+        everyone = by_rank[0] + by_rank[1]
+        assert len(everyone) == 512 and sum(everyone) == 511 * 512 // 2
+        assert sorted(everyone) == list(range(512))
+
+
+@pytest.mark.parametrize("shuffle_buffer", [0, 100])
+@pytest.mark.parametrize("reader", READERS)
+def test_order_is_reseeded_each_epoch_and_repeatable(dataset, reader, shuffle_buffer):
+    plan = _plan(dataset, seed=5, reader=reader, shuffle_buffer=shuffle_buffer)
+    first = _ids(plan, 0, 0)
+    assert _ids(plan, 0, 0) == first  # a resumed run reads the same order
+    assert _ids(plan, 0, 1) != first
+    assert _ids(dataclasses.replace(plan, seed=6), 0, 0) != first
+    assert first != sorted(first)  # rows are shuffled even without the shuffle buffer
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_exact_steps_of_fixed_size_batches_with_dtypes_and_shapes(tmp_path, reader):
+    url = _write(tmp_path, [[50, 50, 50, 50, 50, 50], [50, 50, 50, 30]])  # 250 vs 230 rows
+    plan = _plan(url, reader=reader)
+    assert plan.steps_per_epoch == 230 // 16 and not plan.stride
+    batches = list(epoch_batches(plan, 0, 0))
+    assert len(batches) == plan.steps_per_epoch
+    want = {"id": (torch.int64, ()), "x": (torch.float32, ()), "img": (torch.float32, (2, 3)),
+            "v": (torch.float32, (3,)), "label": (torch.int64, ())}
+    for b in batches:
+        assert {k: (t.dtype, tuple(t.shape[1:])) for k, t in b.items()} == want
+        assert all(len(t) == 16 for t in b.values())
+    b = batches[0]
+    ids = b["id"].double()
+    torch.testing.assert_close(b["x"].double(), ids / 2)
+    torch.testing.assert_close(b["img"][:, 1, 2].double(), ids + 5)
+    torch.testing.assert_close(b["v"][:, 1].double(), -ids)
+    assert b["label"].tolist() == (b["id"] % 10).tolist()
+
+
+@pytest.mark.parametrize("groups", [1, 3])
+@pytest.mark.parametrize("reader", READERS)
+def test_striding_when_row_groups_cannot_be_shared(tmp_path, reader, groups):
+    url = _write(tmp_path, [[400] * groups])
+    plan = _plan(url, batch_size=10, reader=reader)
+    assert plan.stride and plan.steps_per_epoch == groups * 20
+    for epoch in range(2):
+        by_rank = [_ids(plan, rank, epoch) for rank in range(2)]
+        for rank, ids in enumerate(by_rank):
+            assert sorted(ids) == list(range(rank, 400 * groups, 2))  # position % world == rank
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_a_shard_that_delivers_too_little_is_a_data_error(dataset, reader):
+    plan = _plan(dataset, reader=reader)
+    greedy = dataclasses.replace(plan, steps_per_epoch=plan.steps_per_epoch + 1)
+    with pytest.raises(DataError, match=r"rank 1 got 16 batches in epoch 0, expected 17"):
+        list(epoch_batches(greedy, 1, 0))
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_closing_early_stops_every_reader_thread(dataset, reader):
+    plan = _plan(dataset, batch_size=4, reader=reader, shuffle_buffer=0)
+    before = set(threading.enumerate())
+    batches = epoch_batches(plan, 0, 0)
+    next(batches)  # the reader threads now wait on full queues
+    assert len(set(threading.enumerate()) - before) >= 2
+    batches.close()
+    assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
+
+
+@pytest.fixture
+def no_petastorm(monkeypatch):
+    """This Python as if Petastorm could not be imported."""
+    for name in ("petastorm", *petastorm_source.MODULES):
+        monkeypatch.setitem(sys.modules, name, None)
+
+
+def test_asking_for_petastorm_where_it_cannot_load_says_why_and_how_to_fix(no_petastorm):
+    with pytest.raises(ConfigError, match=r"reader='petastorm' but Petastorm cannot be used "
+                       r"here \(rank 1\): importing petastorm.reader failed: "
+                       r"ModuleNotFoundError.*install the pinned stack of constraints.txt.*"
+                       r"choose reader='arrow'"):
+        resolve_reader("petastorm", "rank 1")
+
+
+def test_auto_reads_through_arrow_without_petastorm(no_petastorm, dataset, caplog):
+    with caplog.at_level(logging.DEBUG, logger="sparkddl.data.plan"):
+        plan = _plan(dataset, reader="auto")
+        ids = _ids(plan, 0, 0)  # importing Petastorm anywhere on this path would fail
+    assert len(ids) == 256
+    assert "driver: using the arrow reader: reader='auto' and Petastorm cannot be used " \
+           "here (importing petastorm.reader failed" in caplog.text
+    assert "rank 0: using the arrow reader" in caplog.text
+
+
+@needs_petastorm
+def test_auto_prefers_petastorm_where_it_loads(caplog):
+    with caplog.at_level(logging.DEBUG, logger="sparkddl.data.plan"):
+        assert resolve_reader("auto") == "petastorm"
+    assert "driver: using the petastorm reader: reader='auto' and Petastorm loads here" \
+        in caplog.text
+
+
+def test_unknown_reader_lists_the_choices():
+    with pytest.raises(ConfigError, match=r"unknown reader 'arow'; choose one of auto, "
+                                          r"petastorm, arrow"):
+        plan_shards("file:///nowhere", COLUMNS, [64, 64], world=2, batch_size=16, reader="arow")
