@@ -9,10 +9,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkddl.data.plan import READERS
+from sparkddl.data.reader import POOL_TYPES
 from sparkddl.errors import ConfigError
 
 FINAL_WEIGHTS = ("best", "last")
-READER_POOLS = ("thread", "dummy")
 
 
 @dataclass
@@ -43,12 +44,19 @@ class TrainConfig:
     shuffle_buffer: int = 10_000
     reader_workers: int = 2
     reader_pool: str = "thread"
+    reader: str = "auto"  # auto | petastorm | arrow
     use_gpu: bool = False
     timeout_s: float | None = None
     strategy: StrategyConfig = field(default_factory=StrategyConfig)
     progress: bool = True
     # snapshots larger than this go through the Store, with only a notice on the channel
     snapshot_channel_bytes: int = 32 << 20
+    checkpoint_every: int = 1  # epochs; 0 = never
+    checkpoint_every_steps: int = 0  # also every N steps inside epochs; 0 = never
+    keep_checkpoints: int = 3
+    max_restarts: int = 2  # barrier stage relaunches after a failure, resuming
+    run_id: str | None = None  # resume this run from its last good checkpoint
+    watchdog_s: float | None = 900.0  # a rank without progress this long fails the attempt
 
     def validate(self) -> "TrainConfig":
         _positive_int("epochs", self.epochs)
@@ -60,8 +68,20 @@ class TrainConfig:
         _non_negative_int("shuffle_buffer", self.shuffle_buffer)
         _non_negative_int("seed", self.seed)
         _positive_int("snapshot_channel_bytes", self.snapshot_channel_bytes)
+        _non_negative_int("checkpoint_every", self.checkpoint_every)
+        _non_negative_int("checkpoint_every_steps", self.checkpoint_every_steps)
+        _positive_int("keep_checkpoints", self.keep_checkpoints)
+        _non_negative_int("max_restarts", self.max_restarts)
+        if self.run_id is not None and not (isinstance(self.run_id, str) and
+                                            self.run_id.replace("-", "").isalnum()):
+            raise ConfigError(f"run_id must be letters, digits and '-', got {self.run_id!r}")
+        if self.watchdog_s is not None and not (
+                isinstance(self.watchdog_s, (int, float)) and self.watchdog_s > 0):
+            raise ConfigError(f"watchdog timeout must be positive seconds or unset, "
+                              f"got {self.watchdog_s!r}")
         _choice("final_weights", self.final_weights, FINAL_WEIGHTS)
-        _choice("reader_pool", self.reader_pool, READER_POOLS)
+        _choice("reader_pool", self.reader_pool, POOL_TYPES)
+        _choice("reader", self.reader, READERS)
         if not self.features or not all(isinstance(f, str) and f for f in self.features):
             raise ConfigError(f"features must name one or more columns, got {self.features!r}")
         if not isinstance(self.label, str) or not self.label:

@@ -4,7 +4,8 @@ Messages say what was seen, what was expected, and how to fix it.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 
 class SparkDDLError(Exception):
@@ -39,6 +40,7 @@ class RankFailure:
     message: str
     traceback: str = ""
     host: str = ""
+    status: dict[str, Any] = field(default_factory=dict)  # where the rank was, if it said
 
 
 class TrainingFailedError(SparkDDLError):

@@ -9,7 +9,7 @@ from typing import Any
 
 from sparkddl.data import DataSpec, prepare
 from sparkddl.errors import StoreError
-from sparkddl.preset import JobConfig
+from sparkddl.preset import JobConfig, redacted
 from sparkddl.sources import holdout_split, load_source
 from sparkddl.store import Store
 
@@ -73,9 +73,13 @@ def run_train(cfg: JobConfig) -> dict[str, Any]:
         strategyOptions=t.strategy.options, snapshotEvery=t.snapshot_every, bestBy=t.best_by,
         earlyStoppingPatience=t.early_stopping_patience, finalWeights=t.final_weights,
         metrics=list(t.metrics) if t.metrics is not None else None, seed=t.seed,
-        shuffleBufferSize=t.shuffle_buffer, readerWorkers=t.reader_workers, useGpu=t.use_gpu,
+        shuffleBufferSize=t.shuffle_buffer, readerWorkers=t.reader_workers, reader=t.reader,
+        useGpu=t.use_gpu,
         timeout=t.timeout_s, progress=t.progress,
-        featureShapes={k: list(v) for k, v in t.feature_shapes.items()})
+        featureShapes={k: list(v) for k, v in t.feature_shapes.items()},
+        checkpointEvery=t.checkpoint_every, checkpointEverySteps=t.checkpoint_every_steps,
+        keepCheckpoints=t.keep_checkpoints, maxRestarts=t.max_restarts, runId=t.run_id,
+        watchdogTimeout=t.watchdog_s)
     started = time.perf_counter()
     model = est.fit(train_df)
     fit_s = time.perf_counter() - started
@@ -126,7 +130,8 @@ def save_run(out: Store, model: Any, cfg: JobConfig) -> dict[str, str]:
     model.write().overwrite().save(model_url)
     history_url = out.url(model.run_id, "history.json")
     out.write_bytes(history_url, json.dumps(model.history, indent=1).encode())
-    out.write_bytes(out.url(model.run_id, "config.json"), json.dumps(asdict(cfg)).encode())
+    out.write_bytes(out.url(model.run_id, "config.json"),
+                    json.dumps(redacted(asdict(cfg))).encode())
     plot_url = out.url(model.run_id, "curves.png")
     out.write_bytes(plot_url, plot_history(model.history, model.chosen_epoch,
                                            f"run {model.run_id}"))

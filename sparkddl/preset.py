@@ -7,6 +7,7 @@ conf/digits.toml for every key.
 from __future__ import annotations
 
 import dataclasses
+import re
 import tomllib
 import types
 import typing
@@ -69,9 +70,16 @@ class TrainSection:
     store: str = "runs/store"
     shuffle_buffer: int = 10_000
     reader_workers: int = 2
+    reader: str = "auto"
     use_gpu: bool = False
     timeout_s: float | None = None
     progress: bool = True
+    checkpoint_every: int = 1
+    checkpoint_every_steps: int = 0
+    keep_checkpoints: int = 3
+    max_restarts: int = 2
+    run_id: str | None = None
+    watchdog_s: float | None = 900.0
 
 
 @dataclass
@@ -98,9 +106,26 @@ class JobConfig:
             early_stopping_patience=t.early_stopping_patience, final_weights=t.final_weights,
             metrics=tuple(t.metrics) if t.metrics is not None else None,
             feature_shapes={k: tuple(v) for k, v in d.feature_shapes.items()},
-            shuffle_buffer=t.shuffle_buffer, reader_workers=t.reader_workers, use_gpu=t.use_gpu,
+            shuffle_buffer=t.shuffle_buffer, reader_workers=t.reader_workers, reader=t.reader,
+            use_gpu=t.use_gpu,
             timeout_s=t.timeout_s, strategy=StrategyConfig(t.strategy, dict(t.strategy_options)),
-            progress=t.progress).validate()
+            progress=t.progress, checkpoint_every=t.checkpoint_every,
+            checkpoint_every_steps=t.checkpoint_every_steps, keep_checkpoints=t.keep_checkpoints,
+            max_restarts=t.max_restarts, run_id=t.run_id, watchdog_s=t.watchdog_s).validate()
+
+
+_SECRET = re.compile(r"secret|password|passwd|token|credential|access.?key|private|auth",
+                     re.IGNORECASE)
+
+
+def redacted(value: Any, key: str = "") -> Any:
+    """A copy of a config (nested dicts/lists) with the values of secret-looking keys replaced,
+    for anything written to logs, history or run outputs."""
+    if isinstance(value, dict):
+        return {k: redacted(v, str(k)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redacted(v, key) for v in value]
+    return "***" if key and _SECRET.search(key) and value not in (None, "") else value
 
 
 # sections whose table values are free-form (passed on as keyword arguments or Spark conf)

@@ -1,5 +1,6 @@
 """Driver side of snapshots: evaluate each one as it arrives, keep the history, pick the best,
-and ask the ranks to stop when the chosen metric stops improving."""
+and ask the ranks to stop when the chosen metric stops improving. Across restarts, it rewinds
+to what it knew when the checkpoint being resumed from was written."""
 from __future__ import annotations
 
 import io
@@ -9,6 +10,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from sparkddl import checkpoint
 from sparkddl.store import Store
 from sparkddl.train.components import build_module
 
@@ -32,28 +34,35 @@ class EvaluationResult:
     errors: list[str] = field(default_factory=list)
 
 
+@dataclass
+class _Best:
+    snap: Snapshot | None = None
+    value: float | None = None
+    since: int = 0  # evaluated snapshots without improvement
+
+
 class SnapshotEvaluator:
     """Runs on a background thread of the driver while training continues.
 
     ``record_epoch`` takes rank 0's epoch row; ``submit`` takes a snapshot (bytes, or a Store
-    URL for large models) and the channel reply to rank 0, used to ask for a stop. Weights
-    are always loaded with ``torch.load(weights_only=True)``.
+    URL for large models) with the channel reply to rank 0, used to ask for a stop;
+    ``checkpointed`` marks that the ranks wrote a checkpoint after an epoch, and saves what
+    the driver knows at that point next to it. Weights are always loaded with
+    ``torch.load(weights_only=True)``.
     """
 
     def __init__(self, model_factory: Callable[[], Any], loss_fn: Callable[..., Any],
                  metrics: dict[str, Callable[..., Any]], val: dict[str, Any] | None,
                  features: tuple[str, ...], label: str, best_by: str, mode: str,
-                 patience: int, store: Store):
+                 patience: int, store: Store, run_id: str):
         self.module = build_module(model_factory)
         self.loss_fn, self.metrics = loss_fn, metrics
         self.val, self.features, self.label = val, features, label
         self.best_by, self.mode, self.patience = best_by, mode, patience
-        self.store = store
+        self.store, self.run_id = store, run_id
         self.rows: dict[int, dict[str, Any]] = {}
-        self._best: Snapshot | None = None
-        self._best_value: float | None = None
+        self._best = _Best()
         self._last: Snapshot | None = None
-        self._since_best = 0
         self._stop_at: int | None = None
         self._errors: list[str] = []
         self._queue: queue.Queue = queue.Queue()
@@ -61,13 +70,42 @@ class SnapshotEvaluator:
         self._thread = threading.Thread(target=self._loop, name="sparkddl-evaluator", daemon=True)
         self._thread.start()
 
+    # ---- called from channel threads ----
     def record_epoch(self, row: dict[str, Any]) -> None:
         with self._lock:
-            self.rows.setdefault(int(row["epoch"]), {}).update(row)
+            self.rows[int(row["epoch"])] = {**self.rows.get(int(row["epoch"]), {}), **row}
 
     def submit(self, header: dict[str, Any], payload: bytes,
                reply: Callable[[dict[str, Any]], None]) -> None:
-        self._queue.put((header, payload, reply))
+        self._queue.put(("snapshot", header, payload, reply))
+
+    def checkpointed(self, epochs_done: int) -> None:
+        self._queue.put(("checkpoint", epochs_done))
+
+    # ---- called by the fit between attempts ----
+    def drain(self) -> None:
+        """Wait until everything submitted so far has been handled."""
+        done = threading.Event()
+        self._queue.put(("flush", done))
+        done.wait()
+
+    def rewind(self, epochs_done: int) -> None:
+        """Forget epochs after ``epochs_done``: a resumed attempt trains them again."""
+        self.drain()
+        saved = checkpoint.load_driver_state(self.store, self.run_id, epochs_done)
+        with self._lock:
+            if saved is not None:
+                self.rows = {int(r["epoch"]): dict(r) for r in saved["rows"]}
+                snap = Snapshot(saved["best_epoch"], saved["best_model"]) \
+                    if saved["best_model"] is not None else None
+                self._best = _Best(snap, saved["best_value"], saved["since_best"])
+            else:
+                self.rows = {e: r for e, r in self.rows.items() if e <= epochs_done}
+                if self._best.snap is not None and self._best.snap.epoch > epochs_done:
+                    self._best = _Best()
+            if self._last is not None and self._last.epoch > epochs_done:
+                self._last = None
+            self._stop_at = None
 
     def close(self) -> EvaluationResult:
         """Wait for every submitted snapshot to be evaluated."""
@@ -75,18 +113,34 @@ class SnapshotEvaluator:
         self._thread.join()
         with self._lock:
             history = [self.rows[e] for e in sorted(self.rows)]
-        return EvaluationResult(history, self._best, self._last, self._stop_at, self._errors)
+        return EvaluationResult(history, self._best.snap, self._last, self._stop_at,
+                                self._errors)
 
+    # ---- the evaluator thread ----
     def _loop(self) -> None:
         while True:
             item = self._queue.get()
             if item is None:
                 return
             try:
-                self._handle(*item)
+                if item[0] == "snapshot":
+                    self._handle(*item[1:])
+                elif item[0] == "checkpoint":
+                    self._save_state(item[1])
+                else:
+                    item[1].set()
             except Exception as exc:  # a bad snapshot must not kill the fit's bookkeeping
-                log.exception("evaluating a snapshot failed")
+                log.exception("handling a %s on the driver failed", item[0])
                 self._errors.append(f"{type(exc).__name__}: {exc}")
+
+    def _save_state(self, epochs_done: int) -> None:
+        with self._lock:
+            rows = [self.rows[e] for e in sorted(self.rows) if e <= epochs_done]
+            best = self._best
+        checkpoint.save_driver_state(self.store, self.run_id, epochs_done, {
+            "rows": rows, "best_epoch": best.snap.epoch if best.snap else 0,
+            "best_value": best.value, "since_best": best.since,
+            "best_model": best.snap.state if best.snap else None})
 
     def _handle(self, header: dict[str, Any], payload: bytes,
                 reply: Callable[[dict[str, Any]], None]) -> None:
@@ -101,20 +155,22 @@ class SnapshotEvaluator:
             row.update(scores)
             value = row.get(self.best_by)
         self._last = snap
-        if value is None:
+        if value is not None:
+            self._update_best(snap, float(value), reply)
+
+    def _update_best(self, snap: Snapshot, value: float,
+                     reply: Callable[[dict[str, Any]], None]) -> None:
+        b = self._best
+        if b.value is None or (value < b.value if self.mode == "min" else value > b.value):
+            self._best = _Best(snap, value, 0)
             return
-        better = self._best_value is None or (
-            value < self._best_value if self.mode == "min" else value > self._best_value)
-        if better:
-            self._best, self._best_value, self._since_best = snap, float(value), 0
-            return
-        self._since_best += 1
-        if self.patience and self._since_best >= self.patience and self._stop_at is None:
-            self._stop_at = epoch
+        b.since += 1
+        if self.patience and b.since >= self.patience and self._stop_at is None:
+            self._stop_at = snap.epoch
             log.info("%s has not improved for %d evaluated snapshots (best %.5g at epoch %d); "
-                     "asking the ranks to stop", self.best_by, self._since_best,
-                     self._best_value, self._best.epoch if self._best else -1)
-            reply({"type": "stop", "epoch": epoch})
+                     "asking the ranks to stop", self.best_by, b.since, b.value,
+                     b.snap.epoch if b.snap else -1)
+            reply({"type": "stop", "epoch": snap.epoch})
 
     def _evaluate(self, state: dict[str, Any]) -> dict[str, float]:
         import torch

@@ -1,14 +1,16 @@
-"""Driver side of a fit: check everything, prepare the data, run the ranks, collect the
-snapshots, and return the chosen weights with the history."""
+"""Driver side of a fit: check everything, prepare the data, run the ranks (relaunching them
+from the last good checkpoint after a failure), collect the snapshots, and return the
+chosen weights with the history."""
 from __future__ import annotations
 
-import functools
+import dataclasses
+import json
 import logging
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from sparkddl import strategies
+from sparkddl import checkpoint, strategies
 from sparkddl.channel.server import DriverChannel, Message
 from sparkddl.config import TrainConfig
 from sparkddl.data import DataSpec, PreparedData, prepare
@@ -33,6 +35,49 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
+class Restart:
+    """One failed attempt and how the next one picked up."""
+
+    attempt: int  # the attempt that failed
+    reason: str
+    resumed_from_epoch: int  # epochs done in the checkpoint resumed from (0: from scratch)
+    resumed_from_step: int
+    steps_redone: int  # steps (per rank) the failed attempt did after that checkpoint
+    failed_at: float  # time.monotonic() when the failure was raised on the driver
+    resumed_at: float | None = None  # when the next attempt's first training step reported
+
+    @property
+    def recovery_s(self) -> float | None:
+        return None if self.resumed_at is None else self.resumed_at - self.failed_at
+
+
+class _Dispatch:
+    """Routes rank messages to the evaluator and the progress display; notes when training
+    resumes after a restart and how far the failed attempt had got."""
+
+    def __init__(self, evaluator: SnapshotEvaluator, progress: Progress):
+        self.evaluator, self.progress = evaluator, progress
+        self.steps = 0  # rank 0's latest global step count
+        self.pending: Restart | None = None
+
+    def __call__(self, msg: Message) -> None:
+        h = msg.header
+        if msg.type == "progress":
+            if self.pending is not None:
+                self.pending.resumed_at, self.pending = time.monotonic(), None
+            self.progress.update(h["epoch"], h["step"], h["loss"])
+        elif msg.type == "heartbeat" and msg.rank == 0:
+            self.steps = int(h.get("steps") or 0)
+        elif msg.type == "epoch":
+            self.evaluator.record_epoch(h["row"])
+            self.progress.epoch(h["row"])
+        elif msg.type == "snapshot":
+            self.evaluator.submit(h, msg.payload, msg.reply)
+        elif msg.type == "checkpoint":
+            self.evaluator.checkpointed(int(h["epoch"]))
+
+
+@dataclass
 class FitResult:
     run_id: str
     model_factory: Callable[[], Any]
@@ -46,6 +91,7 @@ class FitResult:
     steps_per_rank: list[int]
     fit_time_s: float
     data: PreparedData
+    restarts: list[Restart] = field(default_factory=list)
 
 
 def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: TrainConfig
@@ -71,59 +117,113 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
     metrics = resolve_metrics(config.metrics if config.metrics is not None else
                               (["accuracy"] if task.kind != "regression" else []))
     best_by = resolve_best_by(config.best_by, metrics, data.val is not None)
+    run_id = config.run_id or new_run_id()
+    _record_run(store, run_id, data, config)
     plan = data.train.plan(config.num_workers, config.batch_size, seed=config.seed,
                            shuffle_buffer=config.shuffle_buffer,
-                           reader_workers=config.reader_workers, reader_pool=config.reader_pool)
-    run_id = new_run_id()
+                           reader_workers=config.reader_workers, reader_pool=config.reader_pool,
+                           reader=config.reader)
     spec = TrainSpec(run_id=run_id, model_factory=factory, optimizer=recipe, loss=loss_fn,
                      metrics=metrics, plan=plan, features=config.features, label=config.label,
                      epochs=config.epochs, snapshot_every=config.snapshot_every,
                      strategy=config.strategy, seed=config.seed, store_root=store.root,
                      learning_rate=config.learning_rate,
-                     max_snapshot_bytes=config.snapshot_channel_bytes)
-    payload = serialize_call(train, (spec,), {})
+                     max_snapshot_bytes=config.snapshot_channel_bytes,
+                     checkpoint_every=config.checkpoint_every,
+                     checkpoint_every_steps=config.checkpoint_every_steps,
+                     keep_checkpoints=config.keep_checkpoints)
     evaluator = SnapshotEvaluator(factory, loss_fn, metrics,
                                   read_rows(data.val) if data.val is not None else None,
                                   config.features, config.label, best_by, mode_of(best_by),
-                                  config.early_stopping_patience, store)
+                                  config.early_stopping_patience, store, run_id)
     progress = Progress(config.epochs, plan.steps_per_epoch, enabled=config.progress)
     log.info("fit %s: %d workers x batch %d, %d steps per epoch, %d epochs, strategy %s",
              run_id, config.num_workers, config.batch_size, plan.steps_per_epoch, config.epochs,
              config.strategy.name)
-
-    def make_spec(channel: DriverChannel) -> TaskSpec:
-        return TaskSpec(run_id=run_id, payload=payload, num_workers=config.num_workers,
-                        channel_host=channel.host, channel_port=channel.port,
-                        secret=channel.secret, use_gpu=config.use_gpu,
-                        collective_timeout_s=config.timeout_s or DEFAULT_COLLECTIVE_TIMEOUT_S,
-                        echo_output=not preflight.is_local_master(sc.master))
-
     try:
-        results = run_stage(sc, make_spec, timeout_s=config.timeout_s,
-                            hook=functools.partial(_on_message, evaluator, progress),
-                            description=f"sparkddl fit {run_id}")
+        summary, restarts = _attempts(sc, spec, config, store, evaluator, progress)
     finally:
         progress.close()
         evaluated = evaluator.close()
-    from pyspark import cloudpickle
-    summary = cloudpickle.loads(results[0])
     chosen = _choose(evaluated, config.final_weights, run_id)
     return FitResult(run_id=run_id, model_factory=factory, state=chosen.state,
                      chosen_epoch=chosen.epoch, history=evaluated.history, task=task,
                      best_by=best_by, epochs_done=summary["epochs_done"],
                      stopped_early=summary["stopped_early"],
                      steps_per_rank=summary["steps_per_rank"],
-                     fit_time_s=time.perf_counter() - started, data=data)
+                     fit_time_s=time.perf_counter() - started, data=data, restarts=restarts)
 
 
-def _on_message(evaluator: SnapshotEvaluator, progress: Progress, msg: Message) -> None:
-    if msg.type == "progress":
-        progress.update(msg.header["epoch"], msg.header["step"], msg.header["loss"])
-    elif msg.type == "epoch":
-        evaluator.record_epoch(msg.header["row"])
-        progress.epoch(msg.header["row"])
-    elif msg.type == "snapshot":
-        evaluator.submit(msg.header, msg.payload, msg.reply)
+def _attempts(sc: Any, spec: TrainSpec, config: TrainConfig, store: Store,
+              evaluator: SnapshotEvaluator, progress: Progress
+              ) -> tuple[dict[str, Any], list[Restart]]:
+    """Launch the ranks; after a failure, relaunch from the last good checkpoint, up to
+    ``max_restarts`` times. A failure on every attempt ends with one error naming them all."""
+    from pyspark import cloudpickle
+
+    restarts: list[Restart] = []
+    hook = _Dispatch(evaluator, progress)
+    for attempt in range(config.max_restarts + 1):
+        ref = checkpoint.latest_good(store, spec.run_id)
+        if ref is not None:
+            evaluator.rewind(ref.epoch)
+            log.info("attempt %d resumes run %s from %s (epoch %d done, step %d)", attempt,
+                     spec.run_id, ref.url, ref.epoch, ref.step)
+        payload = serialize_call(train, (dataclasses.replace(
+            spec, resume_url=ref.url if ref else None),), {})
+        try:
+            results = run_stage(sc, _spec_factory(sc, config, spec.run_id, payload, attempt),
+                                timeout_s=config.timeout_s, hook=hook,
+                                description=f"sparkddl fit {spec.run_id} attempt {attempt}",
+                                watchdog_s=config.watchdog_s)
+            return cloudpickle.loads(results[0]), restarts
+        except TrainingFailedError as exc:
+            if attempt == config.max_restarts:
+                raise TrainingFailedError(
+                    exc.failures, exc.spark_error, attempts=attempt + 1,
+                    reason=exc.reason if attempt == 0 else
+                    f"{exc.reason} (failed on every one of {attempt + 1} attempts; the last "
+                    "failure is shown)") from exc
+            latest = checkpoint.latest_good(store, spec.run_id)
+            epoch, step = (latest.epoch, latest.step) if latest else (0, 0)
+            done_at_checkpoint = epoch * spec.plan.steps_per_epoch + step
+            # a rank that reported its failure said exactly where it was; else: heartbeats
+            reached = max([int(f.status.get("steps", 0)) for f in exc.failures] + [hook.steps])
+            restart = Restart(attempt, str(exc).splitlines()[0], epoch, step,
+                              max(0, reached - done_at_checkpoint), time.monotonic())
+            restarts.append(restart)
+            hook.pending = restart
+            log.warning("attempt %d of run %s failed (%s); relaunching from %s", attempt,
+                        spec.run_id, str(exc).splitlines()[0],
+                        f"epoch {latest.epoch}" if latest else "the start")
+    raise AssertionError("unreachable")
+
+
+def _spec_factory(sc: Any, config: TrainConfig, run_id: str, payload: bytes,
+                  attempt: int) -> Callable[[DriverChannel], TaskSpec]:
+    def make_spec(channel: DriverChannel) -> TaskSpec:
+        return TaskSpec(run_id=run_id, payload=payload, num_workers=config.num_workers,
+                        channel_host=channel.host, channel_port=channel.port,
+                        secret=channel.secret, use_gpu=config.use_gpu,
+                        collective_timeout_s=config.timeout_s or DEFAULT_COLLECTIVE_TIMEOUT_S,
+                        echo_output=not preflight.is_local_master(sc.master), attempt=attempt)
+    return make_spec
+
+
+def _record_run(store: Store, run_id: str, data: PreparedData, config: TrainConfig) -> None:
+    """runs/<id>/run.json: what the run trains on, so a resume by run id can check it."""
+    url = store.run_url(run_id, "run.json")
+    if store.exists(url):
+        previous = json.loads(store.read_bytes(url))
+        if previous.get("fingerprint") != data.fingerprint:
+            raise ConfigError(
+                f"run {run_id} was trained on other data (fingerprint "
+                f"{previous.get('fingerprint')}, now {data.fingerprint}); pass the same data to "
+                "resume it, or leave runId unset to start a new run")
+        return
+    store.write_bytes(url, json.dumps({"run_id": run_id, "fingerprint": data.fingerprint,
+                                       "created": time.time(), "epochs": config.epochs,
+                                       "num_workers": config.num_workers}).encode())
 
 
 def _choose(evaluated: EvaluationResult, final_weights: str, run_id: str) -> Any:

@@ -4,12 +4,24 @@ from __future__ import annotations
 import re
 import sys
 import threading
+import time
+from dataclasses import dataclass
 from typing import Callable
 
 from sparkddl.channel.server import Message
 from sparkddl.errors import RankFailure
 
 MessageHook = Callable[[Message], None]
+
+
+@dataclass
+class Beat:
+    """A rank's last heartbeat, and when its position last moved."""
+
+    position: tuple
+    moved_at: float
+    phase: str
+    step: int
 
 
 class StageMonitor:
@@ -28,6 +40,7 @@ class StageMonitor:
         self._rendezvous: dict | None = None
         self._partial: dict[tuple[int, str], list[str]] = {}
         self._lock = threading.Lock()
+        self.beats: dict[int, Beat] = {}
 
     def handle(self, msg: Message) -> None:
         if msg.type in ("hello", "rendezvous"):
@@ -39,10 +52,13 @@ class StageMonitor:
                 self.failures[msg.rank] = RankFailure(
                     rank=msg.rank, message=str(msg.header.get("message", "")),
                     traceback=str(msg.header.get("traceback", "")),
-                    host=str(msg.header.get("host", "")))
+                    host=str(msg.header.get("host", "")),
+                    status=dict(msg.header.get("status") or {}))
             self.wake.set()
         elif msg.type == "done":
             self.finished.add(msg.rank)
+        elif msg.type == "heartbeat":
+            self._beat(msg)
         elif self.hook is not None:
             self.hook(msg)
 
@@ -55,6 +71,34 @@ class StageMonitor:
                 self.broadcast(self._rendezvous)
             elif msg.type == "hello" and self._rendezvous is not None:
                 msg.reply(self._rendezvous)
+
+    def _beat(self, msg: Message) -> None:
+        h = msg.header
+        position = (h.get("steps"), h.get("step"), h.get("phase"))
+        now = time.monotonic()
+        with self._lock:
+            old = self.beats.get(msg.rank)
+            moved = now if old is None or old.position != position else old.moved_at
+            self.beats[msg.rank] = Beat(position, moved, str(h.get("phase", "")),
+                                        int(h.get("steps") or 0))
+
+    def stalled(self, limit_s: float, world: int) -> str:
+        """'' while every rank moves; otherwise what the watchdog reports. Once any rank has
+        reported, every rank must report within ``limit_s``."""
+        now = time.monotonic()
+        with self._lock:
+            if not self.beats:
+                return ""
+            first = min(b.moved_at for b in self.beats.values())
+            stuck = {r: b for r, b in self.beats.items() if now - b.moved_at > limit_s}
+            silent = [r for r in range(world) if r not in self.beats and now - first > limit_s]
+        if not stuck and not silent:
+            return ""
+        parts = [f"rank {r} at step {b.step} ({b.phase})" for r, b in sorted(stuck.items())]
+        parts += [f"rank {r} never reported" for r in silent]
+        return (f"watchdog: no progress for {limit_s:g}s: " + "; ".join(parts) +
+                " (a rank stuck in I/O or in a collective; raise watchdogTimeout if steps "
+                "are legitimately this slow)")
 
     def _print(self, msg: Message) -> None:
         stream_name = "stderr" if msg.header.get("stream") == "stderr" else "stdout"

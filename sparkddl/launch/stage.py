@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 import uuid
+import weakref
 from typing import Any, Callable
 
 from sparkddl.channel.server import DriverChannel
@@ -22,6 +23,11 @@ FAILURE_GRACE_S = 0.5
 CANCEL_WAIT_S = 30.0
 
 SpecFactory = Callable[[DriverChannel], TaskSpec]
+
+# the channels of running stages (for diagnostics and tests); entries vanish when closed
+OPEN_CHANNELS: "weakref.WeakSet[DriverChannel]" = weakref.WeakSet()
+# how often the driver checks the watchdog
+WATCHDOG_POLL_S = 0.5
 
 
 class _Job(threading.Thread):
@@ -50,11 +56,13 @@ class _Job(threading.Thread):
 
 
 def run_stage(sc: Any, make_spec: SpecFactory, timeout_s: float | None = None,
-              hook: MessageHook | None = None, description: str = "sparkddl") -> list[bytes]:
+              hook: MessageHook | None = None, description: str = "sparkddl",
+              watchdog_s: float | None = None) -> list[bytes]:
     """Run one barrier stage and return what its tasks yielded.
 
     Raises TrainingFailedError as soon as a rank reports a failure (after a short grace for
-    the other ranks' reports), when Spark fails the stage, or when ``timeout_s`` passes; the
+    the other ranks' reports), when Spark fails the stage, when ``timeout_s`` passes, or,
+    with ``watchdog_s``, when a rank's heartbeats stop showing progress for that long; the
     stage is cancelled first so no rank is left blocked in a collective.
     """
     monitor = StageMonitor(hook)
@@ -63,31 +71,46 @@ def run_stage(sc: Any, make_spec: SpecFactory, timeout_s: float | None = None,
     with DriverChannel(monitor.handle, bind_host=conf.get("spark.driver.bindAddress", host) or
                        "0.0.0.0", advertise_host=host) as channel:
         monitor.broadcast = channel.send_to_ranks
-        spec = make_spec(channel)
-        job = _Job(sc, spec, f"sparkddl-{spec.run_id}-{uuid.uuid4().hex[:6]}", description,
-                   monitor.wake)
-        started = time.monotonic()
-        job.start()
-        reason = _wait(job, monitor, timeout_s, started)
-        if not job.finished.is_set():  # a rank failed or time ran out: stop everyone still running
-            sc.cancelJobGroup(job.group)
-            job.join(CANCEL_WAIT_S)
-        if job.error is None and not reason:
-            log.info("run %s: %d ranks finished in %.1fs", spec.run_id, spec.num_workers,
-                     time.monotonic() - started)
-            return job.result or []
-        spark_error = _error_text(job.error)
-        failures = list(monitor.failures.values()) or failures_from_spark_error(spark_error)
-        raise TrainingFailedError(failures, spark_error=spark_error,
-                                  reason=reason or "the barrier stage failed")
+        OPEN_CHANNELS.add(channel)
+        try:
+            return _run(sc, make_spec(channel), monitor, timeout_s, watchdog_s, description)
+        finally:
+            OPEN_CHANNELS.discard(channel)
 
 
-def _wait(job: _Job, monitor: StageMonitor, timeout_s: float | None, started: float) -> str:
-    """Block until the job ends, a rank fails, or the timeout passes; '' if the job ended."""
+def _run(sc: Any, spec: TaskSpec, monitor: StageMonitor, timeout_s: float | None,
+         watchdog_s: float | None, description: str) -> list[bytes]:
+    job = _Job(sc, spec, f"sparkddl-{spec.run_id}-{uuid.uuid4().hex[:6]}", description,
+               monitor.wake)
+    started = time.monotonic()
+    job.start()
+    reason = _wait(job, monitor, timeout_s, started, watchdog_s, spec.num_workers)
+    if not job.finished.is_set():  # a rank failed or time ran out: stop everyone still running
+        sc.cancelJobGroup(job.group)
+        job.join(CANCEL_WAIT_S)
+    if job.error is None and not reason:
+        log.info("run %s: %d ranks finished in %.1fs", spec.run_id, spec.num_workers,
+                 time.monotonic() - started)
+        return job.result or []
+    spark_error = _error_text(job.error)
+    failures = list(monitor.failures.values()) or failures_from_spark_error(spark_error)
+    raise TrainingFailedError(failures, spark_error=spark_error,
+                              reason=reason or "the barrier stage failed")
+
+
+def _wait(job: _Job, monitor: StageMonitor, timeout_s: float | None, started: float,
+          watchdog_s: float | None, world: int) -> str:
+    """Block until the job ends, a rank fails, the timeout passes or the watchdog fires;
+    '' if the job ended."""
     while True:
         remaining = None if timeout_s is None else timeout_s - (time.monotonic() - started)
         if remaining is not None and remaining <= 0:
             return f"timed out after {timeout_s:g}s"
+        if watchdog_s:
+            remaining = WATCHDOG_POLL_S if remaining is None else min(remaining, WATCHDOG_POLL_S)
+            stalled = monitor.stalled(watchdog_s, world)
+            if stalled:
+                return stalled
         monitor.wake.wait(remaining)
         monitor.wake.clear()
         if monitor.failures:

@@ -54,9 +54,12 @@ class TorchEstimator(Estimator, HasTorchEstimatorParams):
                  strategyOptions: Any = None, snapshotEvery: int = 1, bestBy: Any = None,
                  earlyStoppingPatience: int = 0, finalWeights: str = "best",
                  learningRate: Any = None, seed: int = 0, shuffleBufferSize: int = 10_000,
-                 readerWorkers: int = 2, useGpu: bool = False, timeout: Any = None,
+                 readerWorkers: int = 2, reader: str = "auto", useGpu: bool = False,
+                 timeout: Any = None,
                  progress: bool = True, inferenceBatchSize: int = 1024,
-                 featureShapes: Any = None):
+                 featureShapes: Any = None, checkpointEvery: int = 1,
+                 checkpointEverySteps: int = 0, keepCheckpoints: int = 3, maxRestarts: int = 2,
+                 runId: Any = None, watchdogTimeout: Any = 900.0):
         super().__init__()
         self._set(**self._input_kwargs)
 
@@ -77,9 +80,13 @@ class TorchEstimator(Estimator, HasTorchEstimatorParams):
             metrics=tuple(g(self.metrics)) if g(self.metrics) is not None else None,
             feature_shapes={k: tuple(v) for k, v in (g(self.featureShapes) or {}).items()},
             shuffle_buffer=g(self.shuffleBufferSize), reader_workers=g(self.readerWorkers),
+            reader=g(self.reader),
             use_gpu=g(self.useGpu), timeout_s=g(self.timeout),
             strategy=StrategyConfig(g(self.strategy), dict(g(self.strategyOptions) or {})),
-            progress=g(self.progress))
+            progress=g(self.progress), checkpoint_every=g(self.checkpointEvery),
+            checkpoint_every_steps=g(self.checkpointEverySteps),
+            keep_checkpoints=g(self.keepCheckpoints), max_restarts=g(self.maxRestarts),
+            run_id=g(self.runId), watchdog_s=g(self.watchdogTimeout))
 
     def _fit(self, dataset: Any) -> TorchModel:
         for name in ("model", "optimizer", "loss"):
@@ -104,4 +111,5 @@ class TorchEstimator(Estimator, HasTorchEstimatorParams):
         model.task, model.output_width = result.task.kind, result.task.output_width
         model.epochs_done, model.stopped_early = result.epochs_done, result.stopped_early
         model.steps_per_rank, model.fit_time_s = result.steps_per_rank, result.fit_time_s
+        model.restarts = [dict(vars(r), recovery_s=r.recovery_s) for r in result.restarts]
         return model

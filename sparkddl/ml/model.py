@@ -21,7 +21,8 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
 
     Attributes: ``history`` (one dict per epoch), ``run_id``, ``chosen_epoch`` (the epoch
     whose weights these are), ``best_by``, ``task`` (multiclass, binary or regression),
-    ``epochs_done``, ``stopped_early``, ``steps_per_rank``, ``fit_time_s``.
+    ``epochs_done``, ``stopped_early``, ``steps_per_rank``, ``fit_time_s``, ``restarts`` (one
+    dict per failed attempt: reason, checkpoint resumed from, steps redone, recovery_s).
     """
 
     def __init__(self) -> None:
@@ -39,6 +40,7 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
         self.stopped_early = False
         self.steps_per_rank: list[int] = []
         self.fit_time_s = 0.0
+        self.restarts: list[dict[str, Any]] = []
 
     # ---- the model itself ----
     def module(self) -> Any:

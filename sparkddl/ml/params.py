@@ -79,10 +79,24 @@ class HasTorchEstimatorParams(HasTorchModelParams):
                                TypeConverters.toInt)
     readerWorkers = _param("readerWorkers", "threads reading Parquet ahead on each worker",
                            TypeConverters.toInt)
+    reader = _param("reader", "Parquet reader: auto (Petastorm where it loads, else Arrow), "
+                    "petastorm or arrow", TypeConverters.toString)
     useGpu = _param("useGpu", "train on the GPUs Spark assigns to the tasks",
                     TypeConverters.toBoolean)
     timeout = _param("timeout", "wall-clock limit of the fit in seconds (None: no limit)")
     progress = _param("progress", "show progress on the driver", TypeConverters.toBoolean)
+    checkpointEvery = _param("checkpointEvery", "write a checkpoint every N epochs (0: never)",
+                             TypeConverters.toInt)
+    checkpointEverySteps = _param("checkpointEverySteps", "also every N steps inside epochs "
+                                  "(0: never)", TypeConverters.toInt)
+    keepCheckpoints = _param("keepCheckpoints", "checkpoints kept per run (the newest)",
+                             TypeConverters.toInt)
+    maxRestarts = _param("maxRestarts", "relaunches of the barrier stage after a failure, each "
+                         "resuming from the last good checkpoint", TypeConverters.toInt)
+    runId = _param("runId", "resume this earlier run from its last good checkpoint (None: a "
+                   "new run)")
+    watchdogTimeout = _param("watchdogTimeout", "seconds without progress on a rank before the "
+                             "attempt is failed (None: no watchdog)")
 
     def __init__(self) -> None:
         super().__init__()
@@ -90,5 +104,7 @@ class HasTorchEstimatorParams(HasTorchModelParams):
                          validation=None, store="file:///tmp/sparkddl", strategy="allreduce",
                          strategyOptions={}, snapshotEvery=1, bestBy=None,
                          earlyStoppingPatience=0, finalWeights="best", learningRate=None,
-                         seed=0, shuffleBufferSize=10_000, readerWorkers=2, useGpu=False,
-                         timeout=None, progress=True)
+                         seed=0, shuffleBufferSize=10_000, readerWorkers=2, reader="auto",
+                         useGpu=False,
+                         timeout=None, progress=True, checkpointEvery=1, checkpointEverySteps=0,
+                         keepCheckpoints=3, maxRestarts=2, runId=None, watchdogTimeout=900.0)

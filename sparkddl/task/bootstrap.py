@@ -39,8 +39,10 @@ def barrier_entry(spec: TaskSpec, _rows: Iterable[Any]) -> Iterator[bytes]:
     def report(exc: BaseException) -> None:
         if exc not in reported:
             reported.append(exc)
+            status = dict(context.current().status) if context.is_active() else {}
             channel.send({"type": "error", "message": f"{type(exc).__name__}: {exc}",
-                          "traceback": traceback.format_exc(), "host": socket.gethostname()})
+                          "traceback": traceback.format_exc(), "host": socket.gethostname(),
+                          "status": status})
             channel.flush()
 
     result: bytes | None = None

@@ -1,14 +1,16 @@
 """Executor side of a fit: the training loop every rank runs inside its barrier task.
 
 Rank 0 reports to the driver through the channel: progress (rate-limited), one row of
-epoch statistics (averaged over all ranks), and model snapshots. The driver may ask to stop;
-the ranks agree on it in the same allreduce that sums the epoch statistics, so they all stop
-after the same step.
+epoch statistics (averaged over all ranks), model snapshots and checkpoints. Every rank sends
+heartbeats with its step, so the driver's watchdog can tell a stuck rank from a slow one.
+The driver may ask to stop; the ranks agree on it in the same allreduce that sums the epoch
+statistics, so they all stop after the same step.
 """
 from __future__ import annotations
 
 import io
 import logging
+import threading
 import time
 from typing import Any
 
@@ -17,69 +19,158 @@ from sparkddl.data.reader import epoch_batches
 from sparkddl.store import Store
 from sparkddl.task import context
 from sparkddl.task.dist import device, init_process_group
+from sparkddl.train import resume
 from sparkddl.train.components import build_module
 from sparkddl.train.spec import TrainSpec
 
 log = logging.getLogger(__name__)
 
 
+class _Run:
+    """The state of one rank's training: model, optimizer, strategy, position."""
+
+    def __init__(self, spec: TrainSpec):
+        import torch
+        self.spec, self.ctx = spec, context.current()
+        init_process_group()
+        self.dev = device()
+        torch.manual_seed(spec.seed)  # the same initial weights on every rank
+        self.module = build_module(spec.model_factory)
+        ckpt, self.pos = (resume.load(spec, self.ctx, self.module) if spec.resume_url
+                          else (None, resume.Position()))
+        self.module.to(self.dev)
+        self.strategy = strategies.create(spec.strategy.name, spec.strategy.options)
+        self.model = self.strategy.wrap(self.module)
+        self.optimizer = spec.optimizer.build(self.module.parameters(), spec.learning_rate)
+        self.saved = resume.restore_rest(ckpt, self.ctx, self.optimizer, self.strategy) \
+            if ckpt else None
+        self.reporter = _Reporter(self.ctx, spec)
+        self.last_loss: Any = None
+        self.mark("starting")
+
+    def mark(self, phase: str, epoch: int | None = None, step: int | None = None) -> None:
+        """Record where this rank is, for heartbeats and failure reports."""
+        status = self.ctx.status
+        status.update(phase=phase, steps=self.pos.global_steps)
+        if epoch is not None:
+            status["epoch"] = epoch
+        if step is not None:
+            status["step"] = step
+
+    def checkpoint(self, done_epochs: int, steps_into_next: int, sums: Any) -> None:
+        self.mark("writing a checkpoint")
+        resume.save(self.spec, self.ctx, self.module, self.optimizer, self.strategy,
+                    done_epochs, steps_into_next, self.pos.global_steps, sums)
+
+
 def train(spec: TrainSpec) -> dict[str, Any]:
+    import torch.distributed as dist
+
+    run = _Run(spec)
+    stopped, epoch = False, run.pos.epoch - 1
+    with _Heartbeat(run):
+        for epoch in range(run.pos.epoch, spec.epochs + 1):
+            row, stopped = _epoch(run, epoch)
+            last = epoch == spec.epochs or stopped
+            run.reporter.epoch(row)
+            if epoch % spec.snapshot_every == 0 or last:
+                if last:
+                    run.strategy.finalize(run.module)
+                run.reporter.snapshot(epoch, run.module.state_dict(), final=last)
+            if spec.checkpoint_every and epoch % spec.checkpoint_every == 0 and not last:
+                run.checkpoint(epoch, 0, _zeros(run))
+            if stopped:
+                break
+    everyone: list[Any] = [None] * run.ctx.world_size
+    dist.all_gather_object(everyone, run.pos.global_steps)
+    return {"epochs_done": epoch, "stopped_early": stopped, "steps_per_rank": everyone}
+
+
+def _zeros(run: _Run) -> Any:
+    import torch
+    return torch.zeros(3 + len(run.spec.metrics), dtype=torch.float64, device=run.dev)
+
+
+def _epoch(run: _Run, epoch: int) -> tuple[dict[str, Any], bool]:
+    """Train one epoch (or what is left of it after a resume); the rank-averaged row."""
     import torch
     import torch.distributed as dist
 
-    ctx = context.current()
-    init_process_group()
-    dev = device()
-    torch.manual_seed(spec.seed)  # the same initial weights on every rank
-    module = build_module(spec.model_factory).to(dev)
-    strategy = strategies.create(spec.strategy.name, spec.strategy.options)
-    model = strategy.wrap(module)
-    optimizer = spec.optimizer.build(module.parameters(), spec.learning_rate)
-    reporter = _Reporter(ctx, spec)
-    steps = 0
-    epoch = 0
-    stopped = False
-    for epoch in range(1, spec.epochs + 1):
-        model.train()
-        sums = torch.zeros(3 + len(spec.metrics), dtype=torch.float64, device=dev)
-        start = time.perf_counter()
-        for step, batch in enumerate(epoch_batches(spec.plan, ctx.rank, epoch - 1), 1):
-            inputs = [batch[f].to(dev, non_blocking=True) for f in spec.features]
-            label = batch[spec.label].to(dev, non_blocking=True)
-            optimizer.zero_grad(set_to_none=True)
-            output = model(*inputs)
-            loss = spec.loss(output, label)
-            loss.backward()
-            strategy.step(optimizer)
-            n = len(label)
-            with torch.no_grad():
-                sums[0] += loss.detach().double() * n
-                sums[1] += n
-                for i, fn in enumerate(spec.metrics.values()):
-                    sums[3 + i] += fn(output.detach(), label).double() * n
-            steps += 1
-            reporter.progress(epoch, step, loss)
-        comm = strategy.end_epoch()
-        sums[2] = float(ctx.stop_requested.is_set())
-        dist.all_reduce(sums)  # control traffic: epoch statistics and the stop vote
-        elapsed = time.perf_counter() - start
-        count = sums[1].item()
-        row = {"epoch": epoch, "train_loss": sums[0].item() / count,
-               **{f"train_{k}": sums[3 + i].item() / count for i, k in enumerate(spec.metrics)},
-               "samples_per_sec": count / elapsed, "epoch_time_s": elapsed, **comm,
-               "attempt": ctx.attempt}
-        stopped = sums[2].item() > 0
-        last = epoch == spec.epochs or stopped
-        reporter.epoch(row)
-        if epoch % spec.snapshot_every == 0 or last:
-            if last:
-                strategy.finalize(module)
-            reporter.snapshot(epoch, module.state_dict(), final=last)
-        if stopped:
-            break
-    everyone = [None] * ctx.world_size
-    dist.all_gather_object(everyone, steps)
-    return {"epochs_done": epoch, "stopped_early": stopped, "steps_per_rank": everyone}
+    spec, ctx = run.spec, run.ctx
+    sums, skip = _zeros(run), 0
+    if run.saved is not None and epoch == run.pos.epoch:  # resuming inside this epoch
+        sums, skip = run.saved["sums"].to(run.dev), run.pos.skip_steps
+    torch.manual_seed(hash((spec.seed, epoch, ctx.rank)) % (2**63))  # dropout etc.
+    if run.saved is not None and epoch == run.pos.epoch and skip:
+        torch.set_rng_state(run.saved["rng"])
+    start = time.perf_counter()
+    run.mark("reading data", epoch, 0)
+    for step, batch in enumerate(epoch_batches(spec.plan, ctx.rank, epoch - 1), 1):
+        if step <= skip:
+            run.mark("skipping steps done before the restart", epoch, step)
+            continue  # the order is the same as before the restart, so skip them
+        run.mark("training", epoch, step)
+        _step(run, batch, sums)
+        run.pos.global_steps += 1
+        run.mark("reading data")
+        run.reporter.progress(epoch, step, run.last_loss)
+        if spec.checkpoint_every_steps and run.pos.global_steps % spec.checkpoint_every_steps \
+                == 0 and step < spec.plan.steps_per_epoch:
+            run.checkpoint(epoch - 1, step, sums)
+    run.mark("exchanging epoch statistics")
+    comm = run.strategy.end_epoch()
+    sums[2] = float(ctx.stop_requested.is_set())
+    dist.all_reduce(sums)  # control traffic: epoch statistics and the stop vote
+    elapsed = time.perf_counter() - start
+    count = sums[1].item()
+    row = {"epoch": epoch, "train_loss": sums[0].item() / count,
+           **{f"train_{k}": sums[3 + i].item() / count for i, k in enumerate(spec.metrics)},
+           "samples_per_sec": count * (1 - skip / spec.plan.steps_per_epoch) / elapsed,
+           "epoch_time_s": elapsed, **comm, "attempt": ctx.attempt}
+    return row, sums[2].item() > 0
+
+
+def _step(run: _Run, batch: dict[str, Any], sums: Any) -> None:
+    import torch
+    spec = run.spec
+    inputs = [batch[f].to(run.dev, non_blocking=True) for f in spec.features]
+    label = batch[spec.label].to(run.dev, non_blocking=True)
+    run.optimizer.zero_grad(set_to_none=True)
+    output = run.model(*inputs)
+    loss = spec.loss(output, label)
+    loss.backward()
+    run.mark("synchronizing gradients")
+    run.strategy.step(run.optimizer)
+    n = len(label)
+    with torch.no_grad():
+        sums[0] += loss.detach().double() * n
+        sums[1] += n
+        for i, fn in enumerate(spec.metrics.values()):
+            sums[3 + i] += fn(output.detach(), label).double() * n
+    run.last_loss = loss
+
+
+class _Heartbeat:
+    """Every rank tells the driver, every ``heartbeat_s``, which step it is at and what it is
+    doing; the driver's watchdog fails the run when a rank's step stops moving."""
+
+    def __init__(self, run: _Run):
+        self.run = run
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, daemon=True, name="sparkddl-heartbeat")
+
+    def __enter__(self) -> "_Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _beat(self) -> None:
+        ctx = self.run.ctx
+        while ctx.channel is not None and not self._stop.wait(self.run.spec.heartbeat_s):
+            ctx.channel.send({"type": "heartbeat", **ctx.status})
 
 
 class _Reporter:

@@ -12,15 +12,21 @@ ROOT = Path(__file__).resolve().parents[2]
 PRESET = str(ROOT / "conf" / "digits.toml")
 
 
+SECRET = "s3cr3t-do-not-print"
+
+
 def outputs(tmp_path: Path) -> list[str]:
     return ["--set", f"output.dir={tmp_path / 'out'}", "--set", f"train.store={tmp_path / 'st'}",
-            "--set", "train.progress=false"]
+            "--set", "train.progress=false",
+            "--set", f"spark.conf.spark.hadoop.fs.s3a.secret.key={SECRET}"]
 
 
 @pytest.mark.timeout(300)
 def test_digits_preset_trains_evaluates_and_saves(spark_local, tmp_path, capsys):
     assert main(["train", PRESET, *outputs(tmp_path)]) == 0
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
+    assert SECRET not in printed + captured.err
     run_id = (tmp_path / "out" / "LATEST").read_text().strip()
     run = tmp_path / "out" / run_id
     metrics = json.loads((run / "metrics.json").read_text())
@@ -32,6 +38,8 @@ def test_digits_preset_trains_evaluates_and_saves(spark_local, tmp_path, capsys)
     png = (run / "curves.png").read_bytes()
     assert png.startswith(b"\x89PNG") and len(png) > 20_000
     assert (run / "model" / "weights.pt").is_file()
+    config = (run / "config.json").read_text()
+    assert SECRET not in config and '"spark.hadoop.fs.s3a.secret.key": "***"' in config
     # evaluate reloads the latest run's model (built-in MLP: rebuilt by import, not unpickled)
     assert main(["evaluate", PRESET, *outputs(tmp_path)]) == 0
     assert f"held-out accuracy           {metrics['accuracy']:.4f}" in capsys.readouterr().out

@@ -98,3 +98,14 @@ def test_builtin_models_are_saved_by_import():
     assert CNN()(torch.zeros(3, 64)).shape == (3, 10)
     with pytest.raises(ConfigError, match=r"cannot import module 'nope' for model 'nope:f'"):
         build_model("nope:f")
+
+
+def test_secrets_are_redacted_from_configs():
+    from sparkddl.preset import redacted
+    cfg = {"spark": {"conf": {"spark.hadoop.fs.s3a.secret.key": "abc",
+                              "spark.hadoop.fs.s3a.access.key": "AKIA", "spark.master": "x"}},
+           "store": {"token": "t", "path": "/p"}, "password": ""}
+    out = redacted(cfg)
+    assert out["spark"]["conf"] == {"spark.hadoop.fs.s3a.secret.key": "***",
+                                    "spark.hadoop.fs.s3a.access.key": "***", "spark.master": "x"}
+    assert out["store"] == {"token": "***", "path": "/p"} and out["password"] == ""

@@ -1,0 +1,126 @@
+"""Checkpoints in the Store: atomic, checksummed, the last k kept, loaded without running code.
+
+File format: one line ``SPARKDDL-CHECKPOINT 1 <sha256 hex> <payload bytes>\\n`` followed by
+the payload (``torch.save`` of a dict of tensors and plain values). The file is written in
+one atomic step (temp + rename, or one PUT on object stores); a truncated or corrupted file
+fails its checksum and is skipped, with a warning, in favour of the previous good one.
+"""
+from __future__ import annotations
+
+import hashlib
+import io
+import logging
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from sparkddl.errors import CheckpointError
+from sparkddl.store import Store
+
+log = logging.getLogger(__name__)
+
+MAGIC = b"SPARKDDL-CHECKPOINT"
+VERSION = 1
+_NAME = re.compile(r"^ckpt-(\d{5})-(\d{8})\.pt$")
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    url: str
+    epoch: int  # epochs completed when it was written
+    step: int  # steps completed within the next epoch (0 at epoch boundaries)
+
+
+def checkpoint_dir(store: Store, run_id: str) -> str:
+    return store.run_url(run_id, "checkpoints")
+
+
+def encode(payload: dict[str, Any]) -> bytes:
+    import torch
+    buf = io.BytesIO()
+    torch.save(payload, buf)
+    body = buf.getvalue()
+    head = b"%s %d %s %d\n" % (MAGIC, VERSION, hashlib.sha256(body).hexdigest().encode(),
+                                len(body))
+    return head + body
+
+
+def decode(data: bytes, where: str) -> dict[str, Any]:
+    """Verify and load; CheckpointError says what is wrong with the file."""
+    import torch
+    return torch.load(io.BytesIO(verify(data, where)), weights_only=True, map_location="cpu")
+
+
+def verify(data: bytes, where: str) -> bytes:
+    """The payload, if the header, length and checksum are right."""
+    head, sep, body = data.partition(b"\n")
+    parts = head.split(b" ")
+    if not sep or len(parts) != 4 or parts[0] != MAGIC:
+        raise CheckpointError(f"{where} is not a sparkddl checkpoint (bad header)")
+    if int(parts[1]) != VERSION:
+        raise CheckpointError(f"{where} has format version {int(parts[1])}, expected {VERSION}")
+    if len(body) != int(parts[3]):
+        raise CheckpointError(f"{where} is truncated: {len(body)} of {int(parts[3])} bytes")
+    if hashlib.sha256(body).hexdigest().encode() != parts[2]:
+        raise CheckpointError(f"{where} is corrupted: its checksum does not match")
+    return body
+
+
+def save(store: Store, run_id: str, epoch: int, step: int, payload: dict[str, Any],
+         keep: int) -> CheckpointRef:
+    """Write a checkpoint atomically, then delete all but the newest ``keep``."""
+    url = f"{checkpoint_dir(store, run_id)}/ckpt-{epoch:05d}-{step:08d}.pt"
+    store.write_bytes(url, encode(payload))
+    for old in listing(store, run_id)[:-keep] if keep > 0 else []:
+        store.delete(old.url)
+    return CheckpointRef(url, epoch, step)
+
+
+def listing(store: Store, run_id: str) -> list[CheckpointRef]:
+    """Checkpoints of a run, oldest first."""
+    base = checkpoint_dir(store, run_id)
+    refs = []
+    for name in store.listdir(base):
+        m = _NAME.match(name)
+        if m:
+            refs.append(CheckpointRef(f"{base}/{name}", int(m.group(1)), int(m.group(2))))
+    return sorted(refs, key=lambda r: (r.epoch, r.step))
+
+
+def latest_good(store: Store, run_id: str) -> CheckpointRef | None:
+    """The newest checkpoint that passes its checksum, warning about each one skipped."""
+    for ref in reversed(listing(store, run_id)):
+        try:
+            verify(store.read_bytes(ref.url), ref.url)
+            return ref
+        except (CheckpointError, OSError) as exc:
+            log.warning("skipping checkpoint %s: %s; trying the previous one", ref.url, exc)
+    return None
+
+
+# ---- the driver's side of a checkpoint: history, best snapshot, early-stopping count ----
+
+def driver_state_url(store: Store, run_id: str, epoch: int) -> str:
+    return f"{checkpoint_dir(store, run_id)}/driver-{epoch:05d}.pt"
+
+
+def save_driver_state(store: Store, run_id: str, epoch: int, state: dict[str, Any]) -> None:
+    """What the driver knew when the ranks' checkpoint after ``epoch`` epochs was written, so a
+    resumed run (even by a restarted driver) continues with the same history and best."""
+    store.write_bytes(driver_state_url(store, run_id, epoch), encode(state))
+    kept = {ref.epoch for ref in listing(store, run_id)}
+    for name in store.listdir(checkpoint_dir(store, run_id)):
+        m = re.match(r"^driver-(\d{5})\.pt$", name)
+        if m and int(m.group(1)) not in kept and int(m.group(1)) != epoch:
+            store.delete(f"{checkpoint_dir(store, run_id)}/{name}")
+
+
+def load_driver_state(store: Store, run_id: str, epoch: int) -> dict[str, Any] | None:
+    url = driver_state_url(store, run_id, epoch)
+    if not store.exists(url):
+        return None
+    try:
+        return decode(store.read_bytes(url), url)
+    except CheckpointError as exc:
+        log.warning("ignoring the driver state %s: %s", url, exc)
+        return None

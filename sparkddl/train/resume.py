@@ -1,0 +1,65 @@
+"""Checkpoints from the ranks' side: what goes in, and how a rank picks up from one.
+
+Rank 0 writes the model, the optimizer and the position (epochs done, steps into the next
+epoch); every rank contributes its own strategy state (error-feedback residuals, counters),
+RNG state and partial epoch statistics, gathered to rank 0, so a resumed run continues each
+rank exactly where it was.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sparkddl import checkpoint
+from sparkddl.store import Store
+from sparkddl.task import context
+
+
+@dataclass
+class Position:
+    epoch: int = 1  # the epoch to run (1-based)
+    skip_steps: int = 0  # steps of that epoch already done
+    global_steps: int = 0
+
+
+def save(spec: Any, ctx: context.RankContext, module: Any, optimizer: Any, strategy: Any,
+         done_epochs: int, steps_into_next: int, global_steps: int, sums: Any) -> None:
+    """Collective: every rank calls it; rank 0 writes the file and tells the driver."""
+    import torch
+    import torch.distributed as dist
+
+    mine = {"strategy": strategy.state_dict(), "rng": torch.get_rng_state(),
+            "sums": sums.detach().cpu().clone()}
+    everyone: list[Any] = [None] * ctx.world_size
+    dist.all_gather_object(everyone, mine)
+    if ctx.rank != 0:
+        return
+    payload = {"epoch": done_epochs, "step": steps_into_next, "global_steps": global_steps,
+               "model": {k: v.detach().cpu() for k, v in module.state_dict().items()},
+               "optimizer": optimizer.state_dict(), "ranks": everyone, "seed": spec.seed}
+    store = Store.from_uri(spec.store_root)
+    ref = checkpoint.save(store, spec.run_id, done_epochs, steps_into_next, payload,
+                          spec.keep_checkpoints)
+    if ctx.channel is not None:
+        ctx.channel.send({"type": "checkpoint", "epoch": done_epochs, "step": steps_into_next,
+                          "url": ref.url})
+
+
+def load(spec: Any, ctx: context.RankContext, module: Any) -> tuple[dict[str, Any], Position]:
+    """Load the checkpoint's model into ``module`` (before the strategy wraps it); return the
+    checkpoint (for :func:`restore_rest`) and where to continue."""
+    store = Store.from_uri(spec.store_root)
+    ckpt = checkpoint.decode(store.read_bytes(spec.resume_url), spec.resume_url)
+    module.load_state_dict(ckpt["model"])
+    pos = Position(epoch=ckpt["epoch"] + 1, skip_steps=ckpt["step"],
+                   global_steps=ckpt["global_steps"])
+    return ckpt, pos
+
+
+def restore_rest(ckpt: dict[str, Any], ctx: context.RankContext, optimizer: Any,
+                 strategy: Any) -> dict[str, Any]:
+    """Optimizer and this rank's strategy state; returns this rank's saved extras."""
+    optimizer.load_state_dict(ckpt["optimizer"])
+    mine = ckpt["ranks"][ctx.rank]
+    strategy.load_state_dict(mine["strategy"])
+    return mine

@@ -1,0 +1,212 @@
+"""Restarts, resume, watchdog and channel safety, black-box, with real processes."""
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from sparkddl import TorchEstimator, TrainingFailedError
+from sparkddl.channel import protocol
+from sparkddl.launch import stage
+from sparkddl.store import Store
+from tests.integration.digits import digits_df, mlp
+
+ROOT = Path(__file__).resolve().parents[2]
+EPOCHS = 4
+STEPS = 21  # digits with 20 % held out for validation: ~1380 rows / 2 ranks / 32 rows
+
+
+class FailingLoss(torch.nn.Module):
+    """Cross-entropy that fails on one rank at its ``at_step``-th step: while ``marker`` does
+    not exist (first attempt only; it creates it), or always. ``how``: raise, exit, hang."""
+
+    def __init__(self, marker: str, at_step: int, how: str = "raise", always: bool = False,
+                 rank: int = 1):
+        super().__init__()
+        self.marker, self.at_step, self.how, self.always, self.rank = (marker, at_step, how,
+                                                                       always, rank)
+        self.calls = 0
+
+    def forward(self, output, label):
+        on_rank = os.environ.get("RANK") == str(self.rank)
+        self.calls += on_rank
+        if on_rank and self.calls == self.at_step and (self.always or
+                                                       not os.path.exists(self.marker)):
+            Path(self.marker).touch()
+            if self.how == "exit":
+                os._exit(3)
+            if self.how == "hang":
+                time.sleep(3600)
+            raise RuntimeError(f"injected failure at step {self.at_step}")
+        return torch.nn.functional.cross_entropy(output, label)
+
+
+def estimator(tmp_path, loss, **params) -> TorchEstimator:
+    base = dict(model=mlp(), optimizer=lambda p: torch.optim.Adam(p, lr=3e-3), loss=loss,
+                featuresCol="features", labelCol="label", batchSize=32, epochs=EPOCHS,
+                numWorkers=2, validation=0.2, store=str(tmp_path / "store"), progress=False,
+                maxRestarts=2)
+    return TorchEstimator(**{**base, **params})
+
+
+def assert_complete(model, epochs: int = EPOCHS, steps: int = STEPS) -> None:
+    assert [r["epoch"] for r in model.history] == list(range(1, epochs + 1))
+    assert all("val_loss" in r for r in model.history)
+    assert model.steps_per_rank == [steps * epochs] * 2  # no step lost, none counted twice
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("how", ["raise", "exit"])
+def test_a_failed_rank_is_restarted_from_the_checkpoint(spark_local, tmp_path, how):
+    loss = FailingLoss(str(tmp_path / "marker"), at_step=2 * STEPS + 5, how=how)  # in epoch 3
+    model = estimator(tmp_path, loss).fit(digits_df(spark_local))
+    assert (tmp_path / "marker").exists()
+    assert_complete(model)
+    [restart] = model.restarts
+    assert restart["resumed_from_epoch"] == 2 and restart["resumed_from_step"] == 0
+    assert 0 < restart["steps_redone"] <= 5 + 2  # heartbeats are up to a second stale
+    assert restart["recovery_s"] is not None and restart["recovery_s"] < 60
+    assert [r["attempt"] for r in model.history] == [0, 0, 1, 1]
+
+
+@pytest.mark.timeout(300)
+def test_resume_inside_an_epoch_from_a_step_checkpoint(spark_local, tmp_path):
+    loss = FailingLoss(str(tmp_path / "marker"), at_step=STEPS + 12)
+    model = estimator(tmp_path, loss, checkpointEverySteps=5).fit(digits_df(spark_local))
+    assert_complete(model)
+    [restart] = model.restarts
+    # checkpoints every 5 steps of the run: the last before global step 33 is step 30, which
+    # is step 9 of epoch 2
+    assert (restart["resumed_from_epoch"], restart["resumed_from_step"]) == (1, 30 - STEPS)
+    assert restart["steps_redone"] == 2  # steps 31 and 32; step 33 failed
+    assert [r["attempt"] for r in model.history] == [0, 1, 1, 1]
+
+
+@pytest.mark.timeout(300)
+def test_a_failure_on_every_attempt_is_one_clear_error(spark_local, tmp_path):
+    loss = FailingLoss(str(tmp_path / "marker"), at_step=3, always=True)
+    with pytest.raises(TrainingFailedError) as info:
+        estimator(tmp_path, loss, maxRestarts=2).fit(digits_df(spark_local))
+    err = info.value
+    assert err.attempts == 3 and 1 in err.ranks
+    assert "failed on every one of 3 attempts" in str(err)
+    assert "injected failure at step 3" in str(err) and "Traceback" in str(err)
+
+
+@pytest.mark.timeout(300)
+def test_watchdog_turns_a_stuck_rank_into_a_restart(spark_local, tmp_path):
+    loss = FailingLoss(str(tmp_path / "marker"), at_step=20, how="hang")
+    model = estimator(tmp_path, loss, watchdogTimeout=4.0).fit(digits_df(spark_local))
+    assert_complete(model)
+    [restart] = model.restarts
+    assert "watchdog: no progress for 4s" in restart["reason"]
+    assert "rank 1 at step" in restart["reason"]
+
+
+@pytest.mark.timeout(300)
+def test_truncated_latest_checkpoint_falls_back_to_the_previous(spark_local, tmp_path, caplog):
+    df = digits_df(spark_local)
+    first = estimator(tmp_path, "cross_entropy", epochs=3, runId="run-truncated").fit(df)
+    store = Store.from_uri(tmp_path / "store")
+    ckpts = sorted(store.listdir(store.run_url(first.run_id, "checkpoints")))
+    assert "ckpt-00002-00000000.pt" in ckpts
+    latest = Path(store.fs_path(store.run_url(first.run_id, "checkpoints",
+                                              "ckpt-00002-00000000.pt")))
+    latest.write_bytes(latest.read_bytes()[:1000])  # a crash in the middle of a write
+    with caplog.at_level(logging.WARNING, logger="sparkddl.checkpoint"):
+        resumed = estimator(tmp_path, "cross_entropy", epochs=5, runId="run-truncated").fit(df)
+    assert "skipping checkpoint" in caplog.text and "is truncated" in caplog.text
+    assert_complete(resumed, 5)
+    assert [r["attempt"] for r in resumed.history] == [0, 0, 0, 0, 0]
+    assert resumed.history[0] == first.history[0]  # epoch 1 kept from the first fit
+
+
+DRIVER = """
+import sys, time, torch
+sys.path.insert(0, {root!r})
+from tests.conftest import spark_session
+from tests.integration.digits import digits_df, mlp
+from tests.integration.test_fault_tolerance import estimator, SlowLoss
+spark = spark_session("local[2]")
+estimator(__import__("pathlib").Path({tmp!r}), SlowLoss(), epochs=6, runId="run-driver").fit(
+    digits_df(spark))
+"""
+
+
+class SlowLoss(torch.nn.Module):
+    def forward(self, output, label):
+        time.sleep(0.05)
+        return torch.nn.functional.cross_entropy(output, label)
+
+
+@pytest.mark.timeout(400)
+def test_a_run_resumes_after_its_driver_died(spark_local, tmp_path):
+    proc = subprocess.Popen([sys.executable, "-c", DRIVER.format(root=str(ROOT),
+                                                                 tmp=str(tmp_path))],
+                            cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
+    ckpt = tmp_path / "store" / "runs" / "run-driver" / "checkpoints" / "driver-00002.pt"
+    try:
+        deadline = time.time() + 200
+        while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
+            time.sleep(0.2)
+        assert ckpt.exists(), "the first driver never wrote its second checkpoint"
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)  # the driver and its JVM die mid-training
+        proc.wait(30)
+    model = estimator(tmp_path, SlowLoss(), epochs=6, runId="run-driver").fit(
+        digits_df(spark_local))
+    assert model.run_id == "run-driver"
+    assert_complete(model, 6)
+    assert model.history[0]["attempt"] == 0 and model.history[1]["val_loss"] > 0
+
+
+def attack(found: dict, done: threading.Event) -> None:
+    """While a fit runs: connect without the secret, then with it but an oversized frame."""
+    deadline = time.time() + 60
+    while not stage.OPEN_CHANNELS and time.time() < deadline:
+        time.sleep(0.02)
+    channel = next(iter(stage.OPEN_CHANNELS))
+    time.sleep(1.0)  # let the ranks connect first: intruders must not disturb them
+    found["channel"], found["secret"] = channel, channel.secret
+    with socket.create_connection(("127.0.0.1", channel.port)) as s:
+        try:
+            protocol.client_handshake(s, protocol.new_secret())
+        except (protocol.ProtocolError, OSError):
+            pass
+    with socket.create_connection(("127.0.0.1", channel.port)) as s:
+        protocol.client_handshake(s, channel.secret)
+        protocol.send_frame(s, {"type": "hello", "rank": 0})
+        s.sendall(struct.pack(">I", 20) + b'{"type":"snapshot",')  # an unterminated header
+        s.sendall(b'"size":99999999999}')
+        time.sleep(0.5)
+    done.set()
+
+
+@pytest.mark.timeout(300)
+def test_channel_rejects_intruders_and_training_goes_on(spark_local, tmp_path, caplog,
+                                                         capfd):
+    found: dict = {}
+    done = threading.Event()
+    thread = threading.Thread(target=attack, args=(found, done), daemon=True)
+    thread.start()
+    with caplog.at_level(logging.DEBUG):  # slow steps: the fit outlasts the attack
+        model = estimator(tmp_path, SlowLoss(), epochs=3, batchSize=8).fit(
+            digits_df(spark_local))
+    thread.join(30)
+    assert done.is_set()
+    assert found["channel"].rejected >= 2
+    assert_complete(model, 3, steps=4 * STEPS + 3)  # batches of 8
+    captured = capfd.readouterr()
+    everything = caplog.text + captured.out + captured.err
+    assert found["secret"] not in everything  # the run's secret never reaches a log
