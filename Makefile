@@ -1,5 +1,8 @@
-# One entry point. Every target sets up .venv itself (scripts/venv.sh, a no-op when nothing changed).
+# One entry point. Every target sets up its virtualenv itself (scripts/venv.sh: a no-op when
+# nothing changed). Two tested stacks: constraints.txt (.venv, with Petastorm) and
+# constraints-current.txt (.venv-current: newest pyspark 4.x, pyarrow >= 18, numpy 2).
 VENV ?= .venv
+CONSTRAINTS ?= constraints.txt
 PY := $(abspath $(VENV))/bin/python
 # executors must run the venv's Python or they will not find the packages
 export PYSPARK_PYTHON := $(PY)
@@ -7,23 +10,40 @@ export PYSPARK_DRIVER_PYTHON := $(PY)
 # local runs stay on loopback
 export SPARK_LOCAL_IP ?= 127.0.0.1
 PYTEST_ARGS ?=
+# on the current stack: the unit suite and the parts that depend on pyspark/pyarrow/numpy
+# versions (runner, data plane with the Arrow reader, estimator); the rest is the same code
+CURRENT_TESTS ?= tests/unit tests/integration/test_run.py tests/integration/test_data.py \
+	tests/integration/test_estimator.py tests/integration/test_stack.py
 
-.PHONY: venv run test test-fast bench clean
+.PHONY: venv run test test-pinned test-current pytest-current test-fast bench plan clean
 
 venv:
-	@SPARKDDL_VENV=$(VENV) scripts/venv.sh
+	@SPARKDDL_VENV=$(VENV) SPARKDDL_CONSTRAINTS=$(CONSTRAINTS) scripts/venv.sh
 
 run: venv
 	$(VENV)/bin/sparkddl train conf/digits.toml
 
-test: venv
+# the README's test command: the full suite on the pinned stack, then the current stack
+test: test-pinned test-current
+
+test-pinned: venv
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+test-current:
+	@$(MAKE) --no-print-directory VENV=.venv-current CONSTRAINTS=constraints-current.txt \
+		pytest-current
+
+pytest-current: venv
+	$(PY) -m pytest $(CURRENT_TESTS) $(PYTEST_ARGS)
 
 test-fast: venv
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
 bench: venv
-	$(PY) benchmarks/run_overhead.py
+	benchmarks/run_all.sh
+
+plan: venv
+	$(VENV)/bin/sparkddl plan conf/digits.toml
 
 clean:
-	rm -rf $(VENV) .pytest_cache runs
+	rm -rf .venv .venv-current .pytest_cache runs

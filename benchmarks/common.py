@@ -17,6 +17,12 @@ RESULTS = Path(__file__).resolve().parent / "results"
 def local_spark(master: str = "local[2]", **conf: str):
     os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+    # executors (and the torchrun processes TorchDistributor starts) import this module by
+    # name when a pickled benchmark function refers to it; they inherit the JVM's PYTHONPATH
+    here = str(Path(__file__).resolve().parent)
+    paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+    if here not in paths:
+        os.environ["PYTHONPATH"] = os.pathsep.join(p for p in [here, *paths] if p)
     from pyspark.sql import SparkSession
     builder = (SparkSession.builder.master(master).appName("sparkddl-bench")
                .config("spark.ui.enabled", "false")
@@ -42,23 +48,105 @@ def machine() -> str:
 
 
 def write_results(name: str, rows: list[dict], columns: list[str], title: str,
-                  plot: Callable[[Path], None] | None = None, notes: str = "") -> Path:
-    """Write results/<name>.json, .md (a markdown table) and .png (via ``plot``)."""
+                  plot: Callable[[Path], None] | None = None, notes: str = "",
+                  extra: dict | None = None, more_md: str = "") -> Path:
+    """Write results/<name>.json, .md (a markdown table) and .png (via ``plot``).
+
+    ``extra`` adds keys to the JSON; ``more_md`` is appended to the markdown (more tables)."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     meta = {"benchmark": name, "date": date.today().isoformat(), "machine": machine()}
-    (RESULTS / f"{name}.json").write_text(json.dumps({**meta, "rows": rows}, indent=2))
+    (RESULTS / f"{name}.json").write_text(json.dumps({**meta, "rows": rows, **(extra or {})},
+                                                     indent=2))
     lines = [f"### {title}", "", f"{meta['date']}, {meta['machine']}. {notes}".strip(), "",
-             "| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
-    for row in rows:
-        lines.append("| " + " | ".join(_fmt(row.get(c, "")) for c in columns) + " |")
+             *md_table(rows, columns)]
     md = RESULTS / f"{name}.md"
-    md.write_text("\n".join(lines) + "\n")
+    md.write_text("\n".join(lines) + "\n" + (f"\n{more_md.rstrip()}\n" if more_md else ""))
     if plot is not None:
         import matplotlib
         matplotlib.use("Agg")
         plot(RESULTS / f"{name}.png")
     print(md.read_text())
     return md
+
+
+def digits_parquet(path: Path, tiles: int = 112, noise: float = 0.05, files: int = 4,
+                   seed: int = 0) -> int:
+    """scikit-learn's digits (scaled to 0..1) tiled ``tiles`` times with Gaussian noise, written
+    with pyarrow as ``files`` Parquet files of ``features`` (64 float32) and ``label`` (int64).
+    112 tiles of the 1,797 digits = 201,264 rows. Returns the row count."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from sklearn.datasets import load_digits
+
+    digits = load_digits()
+    rng = np.random.default_rng(seed)
+    x = np.tile((digits.data / 16.0).astype(np.float32), (tiles, 1))
+    x += rng.normal(0.0, noise, x.shape).astype(np.float32)
+    y = np.tile(digits.target.astype(np.int64), tiles)
+    order = rng.permutation(len(y))
+    x, y = x[order], y[order]
+    path.mkdir(parents=True, exist_ok=True)
+    width = x.shape[1]
+    for i, rows in enumerate(np.array_split(np.arange(len(y)), files)):
+        values = pa.array(x[rows].reshape(-1))
+        offsets = pa.array(np.arange(0, (len(rows) + 1) * width, width, dtype=np.int32))
+        table = pa.table({"features": pa.ListArray.from_arrays(offsets, values),
+                          "label": pa.array(y[rows])})
+        pq.write_table(table, path / f"part-{i:03d}.parquet")
+    return len(y)
+
+
+def mlp():
+    """The benchmarks' model: an MLP 64-256-256-10."""
+    import torch.nn as nn
+    return nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 256), nn.ReLU(),
+                         nn.Linear(256, 10))
+
+
+def spawn_ranks(fn: Callable[..., object], world: int, *args: object) -> object:
+    """Run ``fn(*args)`` on ``world`` fresh processes (torch.multiprocessing, spawn) joined in a
+    gloo process group on 127.0.0.1, each with 1 torch thread; rank 0's return value.
+
+    No Spark: the plain-PyTorch reference the Spark runners are compared with."""
+    import socket
+    import tempfile
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:  # a free port for the rendezvous (closed before use)
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "rank0.pt"
+        mp.spawn(_rank_main, args=(world, port, str(out), fn, args), nprocs=world, join=True)
+        import torch
+        return torch.load(out, weights_only=True)  # plain data written by rank 0 above
+
+
+def _rank_main(rank: int, world: int, port: int, out: str, fn: Callable[..., object],
+               args: tuple) -> None:
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
+                      WORLD_SIZE=str(world), LOCAL_RANK=str(rank))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        result = fn(*args)
+    finally:
+        dist.destroy_process_group()
+    if rank == 0:
+        torch.save(result, out)
+
+
+def md_table(rows: list[dict], columns: list[str]) -> list[str]:
+    """A markdown table (as lines) of ``columns`` of ``rows``."""
+    lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
+    for row in rows:
+        lines.append("| " + " | ".join(_fmt(row.get(c, "")) for c in columns) + " |")
+    return lines
 
 
 def median(xs: list[float]) -> float:

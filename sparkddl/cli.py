@@ -1,4 +1,4 @@
-"""The ``sparkddl`` console script: prepare, train and evaluate from a TOML preset.
+"""The ``sparkddl`` console script: prepare, train, evaluate and plan from a TOML preset.
 
 Errors in what the user gave (a missing preset, an unknown key, a model that cannot be
 imported, data that does not exist, an output location that cannot be written) print one
@@ -24,7 +24,9 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in (("prepare", "materialize the training data as Parquet (cached)"),
                        ("train", "prepare, train, evaluate on the held-out split, save the run"),
-                       ("evaluate", "evaluate a saved model on the held-out split")):
+                       ("evaluate", "evaluate a saved model on the held-out split"),
+                       ("plan", "calibrate on this cluster and predict time per epoch and "
+                                "speed-up for N workers and each strategy")):
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument("preset", nargs="?", default=None,
                        help="TOML preset: a path, or a name in ./conf (default: the built-in "
@@ -35,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
         if name == "evaluate":
             p.add_argument("--model", default=None,
                            help="saved model path (default: the latest run under output.dir)")
+        if name == "plan":
+            p.add_argument("--workers", default="1,2,4,8,16,32,64",
+                           help="worker counts to predict, comma-separated")
     return parser
 
 
@@ -42,6 +47,18 @@ def resolve_preset(name: str | None) -> str | None:
     if name is None or Path(name).exists() or name.endswith(".toml"):
         return name
     return str(Path("conf") / f"{name}.toml")
+
+
+def _workers(text: str) -> tuple[int, ...]:
+    from sparkddl.errors import ConfigError
+    try:
+        workers = tuple(int(w) for w in text.split(","))
+    except ValueError:
+        workers = ()
+    if not workers or min(workers) < 1:
+        raise ConfigError(f"--workers must be positive integers separated by commas, got "
+                          f"{text!r}")
+    return workers
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
             job.run_prepare(cfg)
         elif args.command == "train":
             job.run_train(cfg)
+        elif args.command == "plan":
+            job.run_plan(cfg, _workers(args.workers))
         else:
             job.run_evaluate(cfg, args.model)
         return 0

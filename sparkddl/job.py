@@ -111,6 +111,30 @@ def run_evaluate(cfg: JobConfig, model_path: str | None = None) -> dict[str, Any
     return {"run_id": model.run_id, "metrics": metrics, "model": model_path}
 
 
+def run_plan(cfg: JobConfig, workers: tuple[int, ...]) -> dict[str, Any]:
+    """Calibrate on this cluster, predict epoch time and speed-up per strategy and worker
+    count, print the table and write plan.json, plan.md and speedup.png."""
+    from sparkddl import perfmodel
+    from sparkddl.models import NamedModel
+
+    out_dir = output_store(cfg)
+    spark = spark_session(cfg)
+    train_df, _ = split_data(spark, cfg)
+    cal, rows = perfmodel.run_calibration(
+        spark, train_df, NamedModel(cfg.model.name, **cfg.model.kwargs), _optimizer(cfg),
+        cfg.loss.name, cfg.train_config())
+    preds = perfmodel.predictions(cal, rows, workers)
+    stamp = time.strftime("plan-%Y%m%d-%H%M%S")
+    md = perfmodel.table(preds)
+    out_dir.write_bytes(out_dir.url(stamp, "plan.json"),
+                        perfmodel.to_json(cal, rows, preds).encode())
+    out_dir.write_bytes(out_dir.url(stamp, "plan.md"), md.encode())
+    out_dir.write_bytes(out_dir.url(stamp, "speedup.png"), perfmodel.plot(preds))
+    print(md)
+    print(f"\nplan: {out_dir.url(stamp)} (plan.json, plan.md, speedup.png)")
+    return {"dir": out_dir.url(stamp), "predictions": preds, "calibration": cal}
+
+
 def _optimizer(cfg: JobConfig) -> Any:
     from sparkddl.train.components import optimizer_recipe
     return optimizer_recipe(cfg.optimizer.name, lr=cfg.optimizer.lr, **cfg.optimizer.kwargs)

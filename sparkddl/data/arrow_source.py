@@ -1,4 +1,4 @@
-"""Row groups of a sub-shard through ``pyarrow.dataset``: the reader for stacks where
+"""Row groups of a sub-shard read with pyarrow alone: the reader for stacks where
 Petastorm cannot load (pyarrow >= 15, numpy 2, Spark >= 4.1).
 
 It keeps Petastorm's contract: the row groups are those of :func:`list_row_groups` (files in
@@ -20,10 +20,10 @@ from sparkddl.store import Store
 
 def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
                    ) -> Generator[Any, None, None]:
-    """Arrow record batches of the row groups of part ``part`` of ``parts`` of this rank's shard,
+    """Arrow tables of the row groups of part ``part`` of ``parts`` of this rank's shard,
     one pass, rows shuffled inside each; striding, every row group in file order,
     unshuffled (the reader keeps this rank's rows)."""
-    import pyarrow.dataset as ds
+    import pyarrow.parquet as pq
 
     store = Store.from_uri(plan.url)
     filesystem = store.filesystem()
@@ -33,11 +33,13 @@ def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
         shard, count = sub_shard(plan, rank, part, parts)
         groups = [g for i, g in enumerate(groups) if i % count == shard]
         groups = [groups[i] for i in rng.permutation(len(groups))]
-    parquet = ds.ParquetFileFormat()
-    for group in groups:
-        fragment = parquet.make_fragment(group.path, filesystem=filesystem,
-                                         row_groups=[group.index])
-        # record batches, not tables: their columns are plain arrays, which decode without
-        # the copy that merging a table's chunks costs; one batch holds the whole row group
-        for batch in fragment.to_batches(columns=plan.names, batch_size=max(group.rows, 1)):
-            yield batch if plan.stride else batch.take(rng.permutation(batch.num_rows))
+    files: dict[str, Any] = {}  # each file opened, and its footer parsed, once per pass
+    try:
+        for group in groups:
+            if group.path not in files:
+                files[group.path] = pq.ParquetFile(filesystem.open_input_file(group.path))
+            table = files[group.path].read_row_group(group.index, columns=plan.names)
+            yield table if plan.stride else table.take(rng.permutation(table.num_rows))
+    finally:
+        for f in files.values():
+            f.close()

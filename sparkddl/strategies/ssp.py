@@ -33,11 +33,32 @@ from sparkddl.strategies.tensors import broadcast_module, model_state
 log = logging.getLogger(__name__)
 
 PUSH_QUEUE = "sparkddl/ssp/push"
-PUSH_HEADER = struct.Struct("<qqq")  # rank, clock, final (1: no update, answer at staleness 0)
+# rank, clock, final (1: no update, answer at staleness 0), chunks of the update
+PUSH_HEADER = struct.Struct("<qqqq")
+# the TCPStore refuses messages over 8 MiB: larger payloads go as keys of this size, with
+# only a notice in the queue (several ranks push into one queue, so parts must not queue)
+CHUNK_BYTES = 4 << 20
 
 
 def pull_queue(rank: int) -> str:
     return f"sparkddl/ssp/pull/{rank}"
+
+
+def put_chunks(store: Any, prefix: str, data: bytes) -> int:
+    """Store ``data`` under ``prefix/0..n-1``; return n."""
+    n = max(1, -(-len(data) // CHUNK_BYTES))
+    for i in range(n):
+        store.set(f"{prefix}/{i}", data[i * CHUNK_BYTES:(i + 1) * CHUNK_BYTES])
+    return n
+
+
+def take_chunks(store: Any, prefix: str, n: int) -> bytes:
+    """Read and delete what :func:`put_chunks` stored."""
+    parts = []
+    for i in range(n):
+        parts.append(store.get(f"{prefix}/{i}"))
+        store.delete_key(f"{prefix}/{i}")
+    return b"".join(parts)
 
 
 class StaleSynchronous(Strategy):
@@ -87,9 +108,10 @@ class StaleSynchronous(Strategy):
     def _push(self, payload: bytes, final: bool) -> None:
         import torch.distributed as dist
 
-        message = PUSH_HEADER.pack(dist.get_rank(), self.clock, int(final)) + payload
-        self.comm.add(len(message))
-        self.store.queue_push(PUSH_QUEUE, message)
+        rank = dist.get_rank()
+        chunks = put_chunks(self.store, update_key(rank, self.clock), payload)
+        self.comm.add(PUSH_HEADER.size + len(payload))
+        self.store.queue_push(PUSH_QUEUE, PUSH_HEADER.pack(rank, self.clock, int(final), chunks))
 
     def _pull(self) -> None:
         import torch
@@ -98,8 +120,9 @@ class StaleSynchronous(Strategy):
         start = time.perf_counter()
         message = self.store.queue_pop(pull_queue(dist.get_rank()))
         self.wait_s += time.perf_counter() - start
-        self.comm.add(len(message))
-        clocks, payload = decode_pull(message, dist.get_world_size())
+        clocks, payload = decode_pull(message, dist.get_world_size(), self.store,
+                                      dist.get_rank())
+        self.comm.add(len(message) + len(payload))
         self.clocks = clocks
         self.max_lead = max(self.max_lead, self.clock - min(clocks))
         with torch.no_grad():
@@ -141,17 +164,19 @@ class ParameterServer(threading.Thread):
         finished = 0
         while finished < self.world:
             message = self.store.queue_pop(PUSH_QUEUE)  # blocks up to the store's timeout
-            rank, clock, final = PUSH_HEADER.unpack_from(message)
+            rank, clock, final, chunks = PUSH_HEADER.unpack_from(message)
+            payload = take_chunks(self.store, update_key(rank, clock), chunks)
             if not final:
-                self._apply(rank, clock, clocks[rank], message[PUSH_HEADER.size:])
+                self._apply(rank, clock, clocks[rank], payload)
                 clocks[rank] = clock
             waiting.append((rank, clock, bool(final)))
             # a final pull waits for everyone: the model it gets is the finished one
             ready = [w for w in waiting if w[1] - min(clocks) <= (0 if w[2] else self.staleness)]
             if ready:
-                answer = encode_pull(clocks, pack(self.params))
+                model = pack(self.params)
                 for w in ready:
-                    self.store.queue_push(pull_queue(w[0]), answer)
+                    chunks = put_chunks(self.store, answer_key(w[0]), model)
+                    self.store.queue_push(pull_queue(w[0]), encode_pull(clocks, chunks))
                 finished += sum(w[2] for w in ready)
                 waiting = [w for w in waiting if w not in ready]
 
@@ -165,23 +190,34 @@ class ParameterServer(threading.Thread):
     def _fail(self, reason: str) -> None:
         for rank in range(self.world):
             try:
-                self.store.queue_push(pull_queue(rank), encode_pull([], reason.encode()))
+                self.store.queue_push(pull_queue(rank), encode_pull([], 0, reason.encode()))
             except Exception:  # noqa: BLE001 - the store itself may be gone
                 log.warning("could not tell rank %d that the SSP server failed", rank)
 
 
-def encode_pull(clocks: Sequence[int], payload: bytes) -> bytes:
-    """The server's answer: the clocks, then the model; no clocks means an error text."""
-    return struct.pack(f"<q{len(clocks)}q", len(clocks), *clocks) + payload
+def update_key(rank: int, clock: int) -> str:
+    return f"sparkddl/ssp/update/{rank}/{clock}"
 
 
-def decode_pull(message: bytes, world: int) -> tuple[list[int], bytes]:
+def answer_key(rank: int) -> str:
+    """One answer per rank is outstanding at a time: its pull waits for it."""
+    return f"sparkddl/ssp/answer/{rank}"
+
+
+def encode_pull(clocks: Sequence[int], chunks: int, error: bytes = b"") -> bytes:
+    """The server's notice: the clocks and the chunks of the model stored under
+    :func:`answer_key`; no clocks means the server failed, with an error text."""
+    return struct.pack(f"<q{len(clocks)}qq", len(clocks), *clocks, chunks) + error
+
+
+def decode_pull(message: bytes, world: int, store: Any, rank: int) -> tuple[list[int], bytes]:
+    """(clocks, model bytes) from a notice; raises with the server's error if it failed."""
     (count,) = struct.unpack_from("<q", message)
     if count != world:
         raise SparkDDLError(f"the SSP parameter server on rank 0 failed: "
-                            f"{message[8:].decode(errors='replace')}; see rank 0's log")
-    clocks = list(struct.unpack_from(f"<{world}q", message, 8))
-    return clocks, message[8 * (world + 1):]
+                            f"{message[16:].decode(errors='replace')}; see rank 0's log")
+    *clocks, chunks = struct.unpack_from(f"<{world}qq", message, 8)
+    return list(clocks), take_chunks(store, answer_key(rank), chunks)
 
 
 def pack(tensors: Sequence[Any]) -> bytes:

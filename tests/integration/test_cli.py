@@ -82,3 +82,22 @@ def test_unwritable_output_is_refused_before_any_work(tmp_path, capsys):
 def test_debug_shows_the_traceback(tmp_path, capsys):
     assert main(["train", PRESET, "--set", "train.epoch=3", "--debug"]) == 2
     assert "Traceback" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(300)
+def test_plan_calibrates_and_predicts_every_strategy(spark_local, tmp_path, capsys):
+    assert main(["plan", PRESET, "--workers", "1,2,8", *outputs(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    rows = [ln for ln in printed.splitlines() if ln.startswith("| ") and "strategy" not in ln]
+    strategies = {ln.split("|")[1].strip() for ln in rows}
+    assert {"allreduce", "powersgd", "local_sgd", "gossip", "ssp"} <= strategies
+    assert len(rows) == 3 * len(strategies)
+    assert all(ln.split("|")[-2].strip() in ("compute", "communication", "input") for ln in rows)
+    [plan_dir] = [p for p in (tmp_path / "out").iterdir() if p.name.startswith("plan-")]
+    assert (plan_dir / "speedup.png").read_bytes().startswith(b"\x89PNG")
+    assert '"predictions"' in (plan_dir / "plan.json").read_text()
+
+
+def test_plan_rejects_bad_worker_counts(capsys):
+    assert main(["plan", PRESET, "--workers", "1,0"]) == 2
+    assert "--workers must be positive integers" in capsys.readouterr().err

@@ -417,13 +417,25 @@ def test_gossip_topologies():
 
 
 def test_ssp_messages_are_raw_bytes_and_carry_server_errors():
-    from sparkddl.errors import SparkDDLError
-    from sparkddl.strategies.ssp import decode_pull, encode_pull, pack, unpack
+    from datetime import timedelta
 
-    tensors = [torch.randn(3, 2), torch.randn(5).to(torch.bfloat16), torch.tensor(2.5)]
-    clocks, payload = decode_pull(encode_pull([4, 2], pack(tensors)), world=2)
+    from torch.distributed import TCPStore
+
+    from sparkddl.errors import SparkDDLError
+    from sparkddl.strategies.ssp import (CHUNK_BYTES, answer_key, decode_pull, encode_pull,
+                                         pack, put_chunks, unpack)
+
+    store = TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False,
+                     timeout=timedelta(seconds=10))
+    # larger than the TCPStore's 8 MiB message limit: it travels in chunks
+    tensors = [torch.randn(3, 2), torch.randn(5).to(torch.bfloat16), torch.tensor(2.5),
+               torch.randn(3 * CHUNK_BYTES // 4 + 7)]
+    chunks = put_chunks(store, answer_key(1), pack(tensors))
+    assert chunks == 4
+    clocks, payload = decode_pull(encode_pull([4, 2], chunks), 2, store, 1)
     assert clocks == [4, 2]
     for got, want in zip(unpack(payload, tensors), tensors):
         assert got.dtype == want.dtype and torch.equal(got, want)
+    assert not store.check([f"{answer_key(1)}/0"])  # read once, then gone
     with pytest.raises(SparkDDLError, match="SSP parameter server on rank 0 failed: boom"):
-        decode_pull(encode_pull([], b"boom"), world=2)
+        decode_pull(encode_pull([], 0, b"boom"), 2, store, 1)

@@ -1,0 +1,65 @@
+"""Recovery from a failed rank in a 2-worker digits fit: how long from the failure to
+training resuming, and how much work was redone.
+
+Rank 1 raises (first attempt only) a few steps into epoch 3 of 6; checkpoints every epoch,
+then again with checkpoints every 5 steps. A second scenario kills rank 1's Python process
+(os._exit) instead of raising.
+"""
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import local_spark, write_results  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from tests.integration.digits import digits_df, mlp  # noqa: E402
+from tests.integration.test_fault_tolerance import FailingLoss  # noqa: E402
+
+STEPS = 21  # steps per epoch for digits with 20 % validation, batch 32, 2 workers
+
+
+def scenario(spark, how: str, every_steps: int, at_step: int) -> dict:
+    import torch
+
+    from sparkddl import TorchEstimator
+    with tempfile.TemporaryDirectory() as tmp:
+        loss = FailingLoss(os.path.join(tmp, "marker"), at_step=at_step, how=how)
+        start = time.perf_counter()
+        model = TorchEstimator(
+            model=mlp(), optimizer=lambda p: torch.optim.Adam(p, lr=3e-3), loss=loss,
+            batchSize=32, epochs=6, numWorkers=2, validation=0.2, store=os.path.join(tmp, "s"),
+            checkpointEvery=1, checkpointEverySteps=every_steps, progress=False).fit(
+                digits_df(spark))
+        wall = time.perf_counter() - start
+    [r] = model.restarts
+    return {"failure": how, "checkpoints": "every epoch" + (
+                f" + every {every_steps} steps" if every_steps else ""),
+            "failed_at_step": at_step, "resumed_from": f"epoch {r['resumed_from_epoch']} "
+            f"step {r['resumed_from_step']}", "steps_redone": r["steps_redone"],
+            "recovery_s": r["recovery_s"], "fit_wall_s": wall,
+            "epochs_in_history": len(model.history)}
+
+
+def main() -> None:
+    os.environ["PYTHONPATH"] = str(ROOT)  # executors import FailingLoss from the tests
+    spark = local_spark()
+    at = 2 * STEPS + 12  # 12 steps into epoch 3
+    rows = [scenario(spark, "raise", 0, at), scenario(spark, "raise", 5, at),
+            scenario(spark, "exit", 0, at)]
+    spark.stop()
+    write_results("recovery", rows, ["failure", "checkpoints", "failed_at_step", "resumed_from",
+                                     "steps_redone", "recovery_s", "fit_wall_s",
+                                     "epochs_in_history"],
+                  "Recovery from a failed rank (2-worker digits fit, 6 epochs)",
+                  notes="recovery_s: from the failure reaching the driver to the first "
+                        "training step of the next attempt reporting.")
+
+
+if __name__ == "__main__":
+    main()

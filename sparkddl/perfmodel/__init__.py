@@ -1,0 +1,126 @@
+"""``sparkddl plan``: calibrate on the user's cluster, then predict how a job scales."""
+from __future__ import annotations
+
+import json
+import logging
+from dataclasses import asdict
+from typing import Any
+
+from sparkddl.config import TrainConfig
+from sparkddl.data import DataSpec, prepare
+from sparkddl.launch import preflight
+from sparkddl.launch.pickling import serialize_call
+from sparkddl.launch.runner import DEFAULT_COLLECTIVE_TIMEOUT_S, new_run_id
+from sparkddl.launch.stage import run_stage
+from sparkddl.perfmodel.calibrate import Candidate, calibrate
+from sparkddl.perfmodel.predict import Model, Prediction
+from sparkddl.store import Store
+from sparkddl.task.spec import TaskSpec
+from sparkddl.train.components import model_factory, optimizer_recipe, resolve_loss
+from sparkddl.train.spec import TrainSpec
+
+log = logging.getLogger(__name__)
+
+WORKERS = (1, 2, 4, 8, 16, 32, 64)
+CANDIDATES = (
+    Candidate("allreduce", "allreduce", {}),
+    Candidate("allreduce-no-overlap", "allreduce", {"overlap": False}),
+    Candidate("fp16", "allreduce", {"compression": "fp16", "warmup_steps": 0}),
+    Candidate("bf16", "allreduce", {"compression": "bf16", "warmup_steps": 0}),
+    Candidate("powersgd", "allreduce", {"compression": "powersgd", "rank": 2,
+                                        "warmup_steps": 0}),
+    Candidate("topk", "allreduce", {"compression": "topk", "ratio": 0.01, "warmup_steps": 0}),
+    Candidate("sign", "allreduce", {"compression": "sign", "warmup_steps": 0}),
+    Candidate("local_sgd", "local_sgd", {"period": 8}, steps=16),
+    Candidate("dynamic_averaging", "dynamic_averaging", {"check_every": 8}, steps=16),
+    Candidate("gossip", "gossip", {}),
+    Candidate("ssp", "ssp", {"staleness": 3}),
+)
+
+
+def run_calibration(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any,
+                    config: TrainConfig, calibration_workers: int = 2,
+                    candidates: tuple[Candidate, ...] = CANDIDATES) -> tuple[dict, int]:
+    """One short barrier stage; returns the measurements and the training rows."""
+    config.validate()
+    sc = spark.sparkContext
+    workers = min(calibration_workers, preflight.task_slots(sc))
+    preflight.check_cluster(sc, workers, config.use_gpu)
+    store = Store.from_uri(config.store)
+    data = prepare(df, DataSpec.of(config.features, config.label, shapes=config.feature_shapes),
+                   num_workers=workers, batch_size=config.batch_size, store=store,
+                   validation=config.validation, seed=config.seed)
+    plan = data.train.plan(workers, config.batch_size, seed=config.seed,
+                           reader_workers=config.reader_workers, reader=config.reader)
+    spec = TrainSpec(run_id=new_run_id(), model_factory=model_factory(model),
+                     optimizer=optimizer_recipe(optimizer), loss=resolve_loss(loss), metrics={},
+                     plan=plan, features=config.features, label=config.label, epochs=1,
+                     snapshot_every=1, strategy=config.strategy, seed=config.seed,
+                     store_root=store.root, learning_rate=config.learning_rate)
+    payload = serialize_call(calibrate, (spec, list(candidates),
+                                         min(plan.steps_per_epoch, 50)), {})
+
+    def make_spec(channel: Any) -> TaskSpec:
+        return TaskSpec(run_id=spec.run_id, payload=payload, num_workers=workers,
+                        channel_host=channel.host, channel_port=channel.port,
+                        secret=channel.secret,
+                        collective_timeout_s=config.timeout_s or DEFAULT_COLLECTIVE_TIMEOUT_S,
+                        echo_output=not preflight.is_local_master(sc.master))
+
+    from pyspark import cloudpickle
+    results = run_stage(sc, make_spec, timeout_s=config.timeout_s,
+                        description=f"sparkddl plan calibration x{workers}")
+    return cloudpickle.loads(results[0]), data.train.rows
+
+
+def predictions(cal: dict, rows: int, workers: tuple[int, ...] = WORKERS) -> list[Prediction]:
+    model = Model(cal)
+    return [model.predict(label, n, rows) for label in cal["strategies"] for n in workers]
+
+
+def table(preds: list[Prediction]) -> str:
+    lines = ["| strategy | workers | epoch s | speed-up | compute ms | comm ms | input ms | "
+             "bottleneck |", "|---|---|---|---|---|---|---|---|"]
+    for p in preds:
+        lines.append(f"| {p.strategy} | {p.workers} | {p.epoch_s:.3g} | {p.speedup:.2f} | "
+                     f"{p.compute_s * 1e3:.3g} | {p.comm_s * 1e3:.3g} | {p.input_s * 1e3:.3g} | "
+                     f"{p.bottleneck} |")
+    return "\n".join(lines)
+
+
+def plot(preds: list[Prediction]) -> bytes:
+    import io
+
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    for label in dict.fromkeys(p.strategy for p in preds):
+        mine = [p for p in preds if p.strategy == label]
+        ax.plot([p.workers for p in mine], [p.speedup for p in mine], "-o", markersize=3,
+                label=label)
+    ns = sorted({p.workers for p in preds})
+    ax.plot(ns, ns, ":", color="grey", label="linear")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log", base=2)
+    ax.set_xlabel("workers")
+    ax.set_ylabel("predicted speed-up over 1 worker")
+    ax.grid(alpha=0.3, which="both")
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
+    plt.close(fig)
+    return buf.getvalue()
+
+
+def to_json(cal: dict, rows: int, preds: list[Prediction]) -> str:
+    model = Model(cal)
+    return json.dumps({"calibration": cal, "rows": rows,
+                       "link": asdict(model.link),
+                       "codec_s": {label: model.codec_s(label) for label in cal["strategies"]},
+                       "predictions": [asdict(p) for p in preds]}, indent=1, default=str)
+
+
+__all__ = ["CANDIDATES", "WORKERS", "predictions", "run_calibration", "table", "plot",
+           "to_json"]
