@@ -53,12 +53,26 @@ def main() -> None:
     rows = [scenario(spark, "raise", 0, at), scenario(spark, "raise", 5, at),
             scenario(spark, "exit", 0, at)]
     spark.stop()
+
+    def plot(path: Path) -> None:
+        import matplotlib.pyplot as plt
+        labels = [f"{r['failure']}, {r['checkpoints']}" for r in rows]
+        fig, (a, b) = plt.subplots(1, 2, figsize=(11, 2.8))
+        a.barh(labels[::-1], [r["recovery_s"] for r in rows][::-1])
+        a.set_xlabel("failure -> next attempt's first step (s)")
+        b.barh(labels[::-1], [r["steps_redone"] for r in rows][::-1], color="C1")
+        b.set_xlabel("steps redone per rank")
+        for ax in (a, b):
+            ax.tick_params(labelsize=8)
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+
     write_results("recovery", rows, ["failure", "checkpoints", "failed_at_step", "resumed_from",
                                      "steps_redone", "recovery_s", "fit_wall_s",
                                      "epochs_in_history"],
                   "Recovery from a failed rank (2-worker digits fit, 6 epochs)",
                   notes="recovery_s: from the failure reaching the driver to the first "
-                        "training step of the next attempt reporting.")
+                        "training step of the next attempt reporting.", plot=plot)
 
 
 if __name__ == "__main__":
