@@ -6,7 +6,7 @@ Parquet), then, on the same files, in one process:
     zero-copy, in one thread (what any Parquet reader has to pay; no shuffling, no fixed
     batch size);
   - sparkddl: ``epoch_batches`` for a 1-rank plan with each reader (Petastorm where it loads
-    on this stack, and the pyarrow.dataset reader): decoding, shuffle buffer, fixed-size
+    on this stack, and the Arrow reader (pyarrow.parquet)): decoding, shuffle buffer, fixed-size
     batches of 256, with 2 reader threads, with the shuffle buffer off, and read inline.
 Each is run REPEATS times; the best rate counts (the files are in the page cache after the
 first pass for all of them).

@@ -9,9 +9,11 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
+from sparkddl.channel.protocol import DEFAULT_MAX_PAYLOAD_BYTES
 from sparkddl.data.plan import READERS
 from sparkddl.data.reader import POOL_TYPES
 from sparkddl.errors import ConfigError
+from sparkddl.train.metrics import MODES
 
 FINAL_WEIGHTS = ("best", "last")
 
@@ -36,10 +38,12 @@ class TrainConfig:
     seed: int = 0
     snapshot_every: int = 1
     best_by: str | None = None  # default: val_loss with validation data, train_loss without
+    best_mode: str = "auto"  # min | max | auto (min for losses and errors, else max)
     early_stopping_patience: int = 0  # evaluated snapshots without improvement; 0 = off
     final_weights: str = "best"
     learning_rate: float | None = None  # if set, overrides the optimizer's learning rate(s)
-    metrics: tuple[Any, ...] | None = None  # None: accuracy for classification
+    metrics: Any = None  # names/callables, or a name -> callable dict; None: accuracy for
+    # classifiers
     feature_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
     shuffle_buffer: int = 10_000
     reader_workers: int = 2
@@ -68,6 +72,10 @@ class TrainConfig:
         _non_negative_int("shuffle_buffer", self.shuffle_buffer)
         _non_negative_int("seed", self.seed)
         _positive_int("snapshot_channel_bytes", self.snapshot_channel_bytes)
+        if self.snapshot_channel_bytes > DEFAULT_MAX_PAYLOAD_BYTES:
+            raise ConfigError(f"snapshot_channel_bytes={self.snapshot_channel_bytes} exceeds the "
+                              f"driver channel's {DEFAULT_MAX_PAYLOAD_BYTES}-byte frame limit; "
+                              "larger snapshots go through the Store anyway")
         _non_negative_int("checkpoint_every", self.checkpoint_every)
         _non_negative_int("checkpoint_every_steps", self.checkpoint_every_steps)
         _positive_int("keep_checkpoints", self.keep_checkpoints)
@@ -82,6 +90,7 @@ class TrainConfig:
         _choice("final_weights", self.final_weights, FINAL_WEIGHTS)
         _choice("reader_pool", self.reader_pool, POOL_TYPES)
         _choice("reader", self.reader, READERS)
+        _choice("best_mode", self.best_mode, MODES)
         if not self.features or not all(isinstance(f, str) and f for f in self.features):
             raise ConfigError(f"features must name one or more columns, got {self.features!r}")
         if not isinstance(self.label, str) or not self.label:

@@ -71,6 +71,7 @@ def run_train(cfg: JobConfig) -> dict[str, Any]:
         labelCol=t.label, batchSize=t.batch_size, epochs=t.epochs, numWorkers=t.num_workers,
         validation=t.validation, store=t.store, strategy=t.strategy.name,
         strategyOptions=t.strategy.options, snapshotEvery=t.snapshot_every, bestBy=t.best_by,
+        bestByMode=t.best_mode,
         earlyStoppingPatience=t.early_stopping_patience, finalWeights=t.final_weights,
         metrics=list(t.metrics) if t.metrics is not None else None, seed=t.seed,
         shuffleBufferSize=t.shuffle_buffer, readerWorkers=t.reader_workers, reader=t.reader,
@@ -102,7 +103,7 @@ def run_evaluate(cfg: JobConfig, model_path: str | None = None) -> dict[str, Any
         if not out_dir.exists(latest):
             raise StoreError(f"no trained model under {out_dir.root}; run `sparkddl train` first "
                              "or pass --model PATH")
-        model_path = out_dir.url(out_dir.read_bytes(latest).decode().strip(), "model")
+        model_path = out_dir.spark_url(out_dir.read_bytes(latest).decode().strip(), "model")
     spark = spark_session(cfg)
     _, test_df = split_data(spark, cfg)
     model = TorchModel.load(model_path)
@@ -151,7 +152,7 @@ def save_run(out: Store, model: Any, cfg: JobConfig) -> dict[str, str]:
     from sparkddl.plotting import plot_history
 
     model_url = out.url(model.run_id, "model")
-    model.write().overwrite().save(model_url)
+    model.write().overwrite().save(out.spark_url(model.run_id, "model"))  # s3 -> s3a etc.
     history_url = out.url(model.run_id, "history.json")
     out.write_bytes(history_url, json.dumps(model.history, indent=1).encode())
     out.write_bytes(out.url(model.run_id, "config.json"),

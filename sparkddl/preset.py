@@ -62,6 +62,7 @@ class TrainSection:
     num_workers: int = 2
     metrics: list[str] | None = None
     best_by: str | None = None
+    best_mode: str = "auto"
     early_stopping_patience: int = 0
     snapshot_every: int = 1
     final_weights: str = "best"
@@ -102,7 +103,7 @@ class JobConfig:
         return TrainConfig(
             features=tuple(d.features), label=d.label, epochs=t.epochs, batch_size=t.batch_size,
             num_workers=t.num_workers, validation=d.validation, store=t.store, seed=d.seed,
-            snapshot_every=t.snapshot_every, best_by=t.best_by,
+            snapshot_every=t.snapshot_every, best_by=t.best_by, best_mode=t.best_mode,
             early_stopping_patience=t.early_stopping_patience, final_weights=t.final_weights,
             metrics=tuple(t.metrics) if t.metrics is not None else None,
             feature_shapes={k: tuple(v) for k, v in d.feature_shapes.items()},
@@ -128,7 +129,8 @@ def redacted(value: Any, key: str = "") -> Any:
     return "***" if key and _SECRET.search(key) and value not in (None, "") else value
 
 
-# sections whose table values are free-form (passed on as keyword arguments or Spark conf)
+# tables whose keys are free-form (passed on as keyword arguments or Spark conf): their own
+# keys are not checked against the schema, and an override may name a key with dots in it
 _FREE_FORM = {("spark", "conf"), ("model", "kwargs"), ("optimizer", "kwargs"),
               ("train", "strategy_options"), ("data", "feature_shapes")}
 
@@ -189,10 +191,20 @@ def _section(name: str, cls: type, values: dict[str, Any]) -> Any:
         if key not in hints:
             raise ConfigError(f"unknown key '{name}.{key}'; keys of [{name}]: "
                               f"{', '.join(hints)}")
-        if (name, key) not in _FREE_FORM and not _matches(value, hints[key]):
+        if not _matches(value, hints[key]):
             raise ConfigError(f"'{name}.{key}' must be {_describe(hints[key])}, got "
                               f"{value!r} ({type(value).__name__})")
+        if (name, key) == ("data", "feature_shapes"):
+            _check_shapes(value)
     return cls(**values)
+
+
+def _check_shapes(shapes: dict[str, Any]) -> None:
+    for column, shape in shapes.items():
+        if not (isinstance(shape, list) and shape and
+                all(isinstance(d, int) and not isinstance(d, bool) and d > 0 for d in shape)):
+            raise ConfigError(f"'data.feature_shapes.{column}' must be a list of positive "
+                              f"integers such as [1, 8, 8], got {shape!r}")
 
 
 def _matches(value: Any, hint: Any) -> bool:

@@ -81,6 +81,9 @@ class RankChannel:
             except OSError as exc:
                 self._broken = True
                 log.warning("rank %d lost its channel to the driver: %s", self.rank, exc)
+            except Exception as exc:  # one bad frame (e.g. not JSON) must not stop the rest
+                log.warning("rank %d could not send a %r frame: %s", self.rank,
+                            item[0].get("type"), exc)
 
     def wait_for(self, kind: str, timeout: float) -> dict[str, Any]:
         """Block until the driver has sent a control frame of type ``kind``; return it."""

@@ -13,6 +13,7 @@ from sparkddl.channel import protocol
 log = logging.getLogger(__name__)
 
 HANDSHAKE_TIMEOUT_S = 10.0
+CLOSE_JOIN_S = 2.0
 
 
 @dataclass
@@ -62,6 +63,7 @@ class DriverChannel:
         self.port = self._listener.getsockname()[1]
         self.host = advertise_host or socket.gethostname()
         self._conns: list[_Connection] = []
+        self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self.rejected = 0
@@ -97,8 +99,11 @@ class DriverChannel:
         self._listener.close()
         with self._lock:
             conns, self._conns = self._conns, []
+            threads = list(self._threads)
         for conn in conns:
             _close_quietly(conn.sock)
+        for thread in threads:  # they end once their socket is closed
+            thread.join(CLOSE_JOIN_S)
 
     def _accept_loop(self) -> None:
         while not self._closed.is_set():
@@ -107,8 +112,11 @@ class DriverChannel:
             except OSError:
                 return
             conn = _Connection(sock, f"{addr[0]}:{addr[1]}")
-            threading.Thread(target=self._serve, args=(conn,), daemon=True,
-                             name=f"sparkddl-channel-{conn.peer}").start()
+            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True,
+                                      name=f"sparkddl-channel-{conn.peer}")
+            with self._lock:
+                self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+            thread.start()
 
     def _serve(self, conn: _Connection) -> None:
         try:
@@ -141,6 +149,8 @@ class DriverChannel:
             _close_quietly(conn.sock)
 
     def _dispatch(self, msg: Message) -> None:
+        if self._closed.is_set():  # a stage that is over: its late frames must not count
+            return
         try:
             self._handler(msg)
         except Exception:  # a bad handler must not take the channel down

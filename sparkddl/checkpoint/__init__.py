@@ -55,7 +55,8 @@ def verify(data: bytes, where: str) -> bytes:
     """The payload, if the header, length and checksum are right."""
     head, sep, body = data.partition(b"\n")
     parts = head.split(b" ")
-    if not sep or len(parts) != 4 or parts[0] != MAGIC:
+    if not sep or len(parts) != 4 or parts[0] != MAGIC or not parts[1].isdigit() or \
+            not parts[3].isdigit():
         raise CheckpointError(f"{where} is not a sparkddl checkpoint (bad header)")
     if int(parts[1]) != VERSION:
         raise CheckpointError(f"{where} has format version {int(parts[1])}, expected {VERSION}")

@@ -1,4 +1,5 @@
-"""Data plane: DataFrames or Parquet -> per-rank fixed-size tensor batches through Petastorm."""
+"""Data plane: DataFrames or Parquet -> per-rank fixed-size tensor batches, read through
+Petastorm or pyarrow alone (:func:`sparkddl.data.plan.resolve_reader` picks)."""
 from __future__ import annotations
 
 import os

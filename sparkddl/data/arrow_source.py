@@ -33,13 +33,15 @@ def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
         shard, count = sub_shard(plan, rank, part, parts)
         groups = [g for i, g in enumerate(groups) if i % count == shard]
         groups = [groups[i] for i in rng.permutation(len(groups))]
+    handles: list[Any] = []
     files: dict[str, Any] = {}  # each file opened, and its footer parsed, once per pass
     try:
         for group in groups:
             if group.path not in files:
-                files[group.path] = pq.ParquetFile(filesystem.open_input_file(group.path))
+                handles.append(filesystem.open_input_file(group.path))
+                files[group.path] = pq.ParquetFile(handles[-1])
             table = files[group.path].read_row_group(group.index, columns=plan.names)
             yield table if plan.stride else table.take(rng.permutation(table.num_rows))
     finally:
-        for f in files.values():
-            f.close()
+        for handle in handles:  # ParquetFile.close() leaves a file it was handed open
+            handle.close()

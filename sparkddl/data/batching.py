@@ -154,7 +154,11 @@ def to_tensors(batch: Chunk) -> dict[str, Any]:
     for name, arr in batch.items():
         arr = np.ascontiguousarray(arr)
         if not arr.flags.writeable:
-            # views of a row group's decoded buffer, which this batch owns alone
+            # a view of Arrow memory (numpy marks it read-only), shared with torch without a
+            # copy, so an in-place op on the tensor writes into the Arrow buffer. That is
+            # harmless: the buffer is heap memory (no reader memory-maps files), freshly read
+            # for this epoch, each batch views only its own rows of it, and no one reads
+            # those rows again.
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
                 out[name] = torch.from_numpy(arr)

@@ -23,12 +23,6 @@ class Dataset:
     def rows(self) -> int:
         return sum(self.row_groups)
 
-    def column(self, name: str) -> ColumnSpec:
-        return next(c for c in self.columns if c.name == name)
-
-    def by_role(self, role: str) -> list[ColumnSpec]:
-        return [c for c in self.columns if c.role == role]
-
     def plan(self, world: int, batch_size: int, **reader: Any) -> ShardPlan:
         return plan_shards(self.url, self.columns, list(self.row_groups), world, batch_size,
                            **reader)
@@ -43,7 +37,8 @@ class Dataset:
 class PreparedData:
     train: Dataset
     val: Dataset | None
-    fingerprint: str | None = None  # None for a Parquet URL given directly
+    # materialized data: its cache key; a Parquet URL: the identity of its files
+    fingerprint: str | None = None
     cache_hit: bool = False
     source: str = ""
     label_ranges: tuple[tuple[str, int, int], ...] = ()  # integral labels: (name, min, max)

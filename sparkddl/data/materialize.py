@@ -16,7 +16,7 @@ from typing import Any, Iterator
 
 from sparkddl.data import fingerprint as fp
 from sparkddl.data.dataset import Dataset, PreparedData, read_meta, write_meta
-from sparkddl.data.plan import list_row_groups
+from sparkddl.data.plan import check_enough_rows, list_row_groups
 from sparkddl.data.schema import ColumnSpec, DataSpec, check_columns, column_spec, spark_kind
 from sparkddl.errors import DataError
 from sparkddl.store import Store
@@ -195,10 +195,7 @@ def _check(p: Profile, spec: DataSpec, split_col: str | None, fraction: float,
     if (split_col or fraction) and p.val_rows == 0:
         raise DataError(f"the validation split selected no rows out of {p.rows}; raise "
                         "validation or mark some rows in the validation column")
-    train_rows = p.rows - p.val_rows
-    if train_rows < num_workers * batch_size:
-        raise DataError(f"{train_rows} training rows are fewer than num_workers × batch_size = "
-                        f"{num_workers} × {batch_size}; lower batchSize or numWorkers, or add data")
+    check_enough_rows(p.rows - p.val_rows, num_workers, batch_size)
 
 
 def _write(selected: Any, columns: tuple[ColumnSpec, ...], store: Store, key: str,

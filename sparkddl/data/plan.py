@@ -3,8 +3,8 @@
 Computed once on the driver from Parquet footers, with Petastorm's shard rule (the i-th
 row group of the dataset, files in path order, belongs to shard ``i % world``), so that
 every rank runs exactly the same number of steps and an allreduce can never wait for a
-rank that ran out of data. Both readers (Petastorm, and pyarrow.dataset where Petastorm
-cannot load) follow that rule; :func:`resolve_reader` picks one.
+rank that ran out of data. Both readers (Petastorm, and ``pyarrow.parquet.ParquetFile`` where
+Petastorm cannot load) follow that rule; :func:`resolve_reader` picks one.
 
 Remainder: each rank uses ``steps_per_epoch * batch_size`` of its rows per epoch; the rest
 of its shard (fewer than a batch, plus any excess over the smallest shard) is skipped for
@@ -64,19 +64,27 @@ class ShardPlan:
         return self.steps_per_epoch * self.batch_size * self.world
 
 
-def list_row_groups(filesystem: Any, root: str) -> list[RowGroup]:
-    """Every row group under ``root`` in Petastorm's order: data files sorted by path (names
-    starting with '_' or '.' and checksum files are not data), row groups in file order."""
-    import pyarrow.parquet as pq
+def data_files(filesystem: Any, root: str) -> list[Any]:
+    """``pyarrow.fs.FileInfo`` of every data file under ``root``, sorted by path, as Petastorm
+    orders them (names starting with '_' or '.' and checksum files are not data)."""
     from pyarrow import fs as pafs
 
     infos = filesystem.get_file_info(pafs.FileSelector(root, recursive=True))
-    files = sorted(i.path for i in infos if i.type == pafs.FileType.File and _is_data(root, i.path))
+    return sorted((i for i in infos if i.type == pafs.FileType.File and _is_data(root, i.path)),
+                  key=lambda i: i.path)
+
+
+def list_row_groups(filesystem: Any, root: str) -> list[RowGroup]:
+    """Every row group under ``root`` in Petastorm's order: :func:`data_files`, row groups in
+    file order. Row groups without rows are kept: Petastorm counts them when it shards."""
+    import pyarrow.parquet as pq
+
     groups = []
-    for path in files:
-        with filesystem.open_input_file(path) as f:
+    for info in data_files(filesystem, root):
+        with filesystem.open_input_file(info.path) as f:
             meta = pq.ParquetFile(f).metadata
-        groups += [RowGroup(path, i, meta.row_group(i).num_rows) for i in range(meta.num_row_groups)]
+        groups += [RowGroup(info.path, i, meta.row_group(i).num_rows)
+                   for i in range(meta.num_row_groups)]
     return groups
 
 
@@ -144,6 +152,13 @@ def _chosen(reader: str, why: str, where: str) -> str:
     return reader
 
 
+def check_enough_rows(rows: int, world: int, batch_size: int) -> None:
+    """Every rank needs at least one full batch per epoch."""
+    if rows < world * batch_size:
+        raise DataError(f"{rows} training rows are fewer than num_workers × batch_size = "
+                        f"{world} × {batch_size}; lower batchSize or numWorkers, or add data")
+
+
 def plan_shards(url: str, columns: tuple[ColumnSpec, ...], row_group_rows: list[int], world: int,
                 batch_size: int, **options: Any) -> ShardPlan:
     """Choose row-group sharding (or row striding for datasets with too few or too uneven
@@ -151,9 +166,7 @@ def plan_shards(url: str, columns: tuple[ColumnSpec, ...], row_group_rows: list[
     fields of :class:`ShardPlan`; its ``reader`` choice is checked here, on the driver."""
     resolve_reader(options.get("reader", "auto"))
     total = sum(row_group_rows)
-    if total < world * batch_size:
-        raise DataError(f"{total} training rows are fewer than num_workers × batch_size = "
-                        f"{world} × {batch_size}; lower batchSize or numWorkers, or add data")
+    check_enough_rows(total, world, batch_size)
     by_group = shard_rows(row_group_rows, world)
     used_by_group = world * (min(by_group) // batch_size) * batch_size
     stride = used_by_group < (1 - MAX_SKIPPED_SHARE) * total

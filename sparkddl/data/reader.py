@@ -1,15 +1,17 @@
 """Executor side: a rank's shard of Parquet -> fixed-size tensor batches.
 
 A source reads the row groups of one sub-shard as Arrow data: Petastorm
-(:mod:`sparkddl.data.petastorm_source`) or ``pyarrow.dataset``
+(:mod:`sparkddl.data.petastorm_source`) or ``pyarrow.parquet.ParquetFile``
 (:mod:`sparkddl.data.arrow_source`), chosen by ``plan.reader`` on each rank. Everything
 else happens here, the same for both: reader threads and their round-robin order, decoding,
 striding, the seeded shuffle buffer, exactly ``steps_per_epoch`` batches, and closing.
 """
 from __future__ import annotations
 
+import logging
 import queue
 import threading
+import time
 from typing import Any, Callable, Generator, Iterator
 
 import numpy as np
@@ -18,6 +20,8 @@ from sparkddl.data import arrow_source, petastorm_source
 from sparkddl.data.batching import Chunk, Rebatcher, decode_arrow, to_tensors
 from sparkddl.data.plan import ShardPlan, resolve_reader
 from sparkddl.errors import DataError
+
+log = logging.getLogger(__name__)
 
 # (plan, rank, epoch, part, parts) -> Arrow tables or record batches of that sub-shard's row
 # groups, in its seeded order (file order when striding); closing the generator releases them
@@ -29,6 +33,9 @@ SOURCES: dict[str, Source] = {"petastorm": petastorm_source.read_sub_shard,
 # "dummy": read inline in the training thread
 POOL_TYPES = ("thread", "dummy")
 QUEUE_DEPTH = 2  # decoded row groups buffered per reader thread
+# how long a stopped epoch waits for its reader threads; one stuck in I/O is left behind
+# (they are daemons) so that training, or the error being raised, goes on
+JOIN_TIMEOUT_S = 10.0
 
 
 def epoch_batches(plan: ShardPlan, rank: int, epoch: int) -> Iterator[dict[str, Any]]:
@@ -119,8 +126,18 @@ def _prefetched(source: Source, plan: ShardPlan, rank: int, epoch: int
         for q in queues:  # unblock producers waiting on a full queue
             while not q.empty():
                 q.get_nowait()
-        for t in threads:
-            t.join()
+        _join(threads, rank)
+
+
+def _join(threads: list[threading.Thread], rank: int) -> None:
+    """Wait for the reader threads, at most ``JOIN_TIMEOUT_S`` for all of them together."""
+    deadline = time.monotonic() + JOIN_TIMEOUT_S
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+        if t.is_alive():
+            log.warning("rank %d: reader thread %s is still busy %g s after its epoch stopped "
+                        "(blocked in I/O?); leaving it behind, it ends with the process",
+                        rank, t.name, JOIN_TIMEOUT_S)
 
 
 def _fill(source: Source, plan: ShardPlan, rank: int, epoch: int, part: int, parts: int,

@@ -123,6 +123,10 @@ def column_spec(name: str, role: str, kind: str, width: int | None,
                 declared: tuple[int, ...] | None = None) -> ColumnSpec:
     """The stored/decoded form of one column, given its Spark kind and (for vectors and
     arrays) the fixed length seen in the data."""
+    if declared and not all(isinstance(d, int) and d > 0 for d in declared):
+        raise DataError(f"column {name!r}: declared shape {tuple(declared)} has a dimension that "
+                        "is not a positive integer; give every dimension as a whole number ≥ 1, "
+                        "e.g. (1, 8, 8)")
     if kind in ("integral", "floating", "boolean"):
         if declared and math.prod(declared) != 1:
             raise DataError(f"column {name!r} holds one value per row but shape {tuple(declared)} "

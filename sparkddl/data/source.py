@@ -3,8 +3,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from sparkddl.data import fingerprint as fp
 from sparkddl.data.dataset import Dataset, PreparedData
-from sparkddl.data.plan import list_row_groups
+from sparkddl.data.plan import check_enough_rows, data_files, list_row_groups
 from sparkddl.data.schema import ColumnSpec, DataSpec, check_columns, column_spec
 from sparkddl.errors import DataError
 from sparkddl.store import Store
@@ -26,7 +27,9 @@ def arrow_kind(t: Any) -> str:
 
 def open_parquet(url: str, spec: DataSpec) -> Dataset:
     """Describe the Parquet dataset at ``url`` from its footers: columns, widths, row groups.
-    Null counts come from column statistics; unequal array lengths are caught by the reader."""
+    Null counts come from column statistics; unequal array lengths are caught by the reader.
+    Row groups without rows (pyarrow writes an empty table as one) stay in ``row_groups``:
+    both readers count them when they shard, so the plan must too."""
     import pyarrow.parquet as pq
 
     store = Store.from_uri(url)
@@ -35,16 +38,16 @@ def open_parquet(url: str, spec: DataSpec) -> Dataset:
         groups = list_row_groups(fs, root)
     except FileNotFoundError:
         raise DataError(f"no Parquet dataset at {url}") from None
-    groups = [g for g in groups if g.rows > 0]
-    if not groups:
+    if not sum(g.rows for g in groups):
         raise DataError(f"no Parquet rows under {url}; point at a directory of Parquet files")
-    with fs.open_input_file(groups[0].path) as f:
-        first = pq.ParquetFile(f)
-        schema = first.schema_arrow
+    first = next(g for g in groups if g.rows)  # an empty one has no arrays to measure
+    with fs.open_input_file(first.path) as f:
+        parquet = pq.ParquetFile(f)
+        schema = parquet.schema_arrow
         fields = {n: (arrow_kind(schema.field(n).type), str(schema.field(n).type))
                   for n in schema.names}
         check_columns(spec, fields)
-        head = first.read_row_group(groups[0].index, columns=list(spec.columns))
+        head = parquet.read_row_group(first.index, columns=list(spec.columns))
     _check_nulls(fs, groups, spec)
     columns = []
     for name in spec.columns:
@@ -84,9 +87,18 @@ def _check_nulls(fs: Any, groups: list, spec: DataSpec) -> None:
 
 def prepare_parquet(url: str, spec: DataSpec, *, num_workers: int, batch_size: int,
                     validation_url: str | None = None) -> PreparedData:
+    """An existing Parquet dataset, read in place. Its fingerprint is the identity of its data
+    files, so resuming a run by its id can tell that they were changed since."""
     train = open_parquet(url, spec)
-    if train.rows < num_workers * batch_size:
-        raise DataError(f"{train.rows} training rows are fewer than num_workers × batch_size = "
-                        f"{num_workers} × {batch_size}; lower batchSize or numWorkers, or add data")
+    check_enough_rows(train.rows, num_workers, batch_size)
     val = open_parquet(validation_url, spec) if validation_url else None
-    return PreparedData(train, val, source=url)
+    identity = {"train": file_identity(train.url), "val": file_identity(val.url) if val else None}
+    return PreparedData(train, val, fp.fingerprint(identity), source=url)
+
+
+def file_identity(url: str) -> list[tuple[str, int, int]]:
+    """(path, size, modification time in ns) of every data file of the dataset at ``url``:
+    what changes when a file is rewritten, without reading any data."""
+    store = Store.from_uri(url)
+    files = data_files(store.filesystem(), store.fs_path(store.url()))
+    return [(f.path, f.size, f.mtime_ns) for f in files]

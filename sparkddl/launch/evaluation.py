@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import logging
+import math
 import queue
 import threading
 from dataclasses import dataclass, field
@@ -161,7 +162,9 @@ class SnapshotEvaluator:
     def _update_best(self, snap: Snapshot, value: float,
                      reply: Callable[[dict[str, Any]], None]) -> None:
         b = self._best
-        if b.value is None or (value < b.value if self.mode == "min" else value > b.value):
+        improved = not math.isnan(value) and (
+            b.value is None or (value < b.value if self.mode == "min" else value > b.value))
+        if improved:  # NaN is never best: a diverged snapshot only counts against patience
             self._best = _Best(snap, value, 0)
             return
         b.since += 1

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from sparkddl import checkpoint, strategies
-from sparkddl.channel.server import DriverChannel, Message
+from sparkddl.channel.server import Message
 from sparkddl.config import TrainConfig
 from sparkddl.data import DataSpec, PreparedData, prepare
 from sparkddl.data.local import read_rows
@@ -21,14 +21,13 @@ from sparkddl.launch.checks import TaskInfo, check_sample
 from sparkddl.launch.evaluation import EvaluationResult, SnapshotEvaluator
 from sparkddl.launch.pickling import serialize_call
 from sparkddl.launch.progress import Progress
-from sparkddl.launch.runner import DEFAULT_COLLECTIVE_TIMEOUT_S, new_run_id
+from sparkddl.launch.runner import new_run_id, spec_factory
 from sparkddl.launch.stage import run_stage
 from sparkddl.store import Store
-from sparkddl.task.spec import TaskSpec
 from sparkddl.train.components import (build_module, check_optimizer, model_factory,
                                        optimizer_recipe, resolve_loss)
 from sparkddl.train.loop import train
-from sparkddl.train.metrics import mode_of, resolve_metrics
+from sparkddl.train.metrics import best_mode, resolve_metrics
 from sparkddl.train.spec import TrainSpec
 
 log = logging.getLogger(__name__)
@@ -92,6 +91,8 @@ class FitResult:
     fit_time_s: float
     data: PreparedData
     restarts: list[Restart] = field(default_factory=list)
+    # snapshots the driver could not evaluate (the weights were chosen among the others)
+    evaluation_errors: list[str] = field(default_factory=list)
 
 
 def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: TrainConfig
@@ -102,6 +103,53 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
     sc = spark.sparkContext
     preflight.check_cluster(sc, config.num_workers, config.use_gpu)
     strategies.create(config.strategy.name, config.strategy.options)  # unknown names/options
+    factory, recipe, loss_fn, store, data, task, metrics, best_by = _prepare(
+        df, model, optimizer, loss, config)
+    run_id = config.run_id or new_run_id()
+    plan = data.train.plan(config.num_workers, config.batch_size, seed=config.seed,
+                           shuffle_buffer=config.shuffle_buffer,
+                           reader_workers=config.reader_workers, reader_pool=config.reader_pool,
+                           reader=config.reader)
+    _record_run(store, run_id, data, config, plan.steps_per_epoch)
+    spec = TrainSpec(run_id=run_id, model_factory=factory, optimizer=recipe, loss=loss_fn,
+                     metrics=metrics, plan=plan, features=config.features, label=config.label,
+                     epochs=config.epochs, snapshot_every=config.snapshot_every,
+                     strategy=config.strategy, seed=config.seed, store_root=store.root,
+                     learning_rate=config.learning_rate,
+                     max_snapshot_bytes=config.snapshot_channel_bytes,
+                     checkpoint_every=config.checkpoint_every,
+                     checkpoint_every_steps=config.checkpoint_every_steps,
+                     keep_checkpoints=config.keep_checkpoints)
+    evaluator = SnapshotEvaluator(factory, loss_fn, metrics,
+                                  read_rows(data.val) if data.val is not None else None,
+                                  config.features, config.label, best_by,
+                                  best_mode(best_by, config.best_mode),
+                                  config.early_stopping_patience, store, run_id)
+    progress = Progress(config.epochs, plan.steps_per_epoch, enabled=config.progress)
+    log.info("fit %s: %d workers x batch %d, %d steps per epoch, %d epochs, strategy %s",
+             run_id, config.num_workers, config.batch_size, plan.steps_per_epoch, config.epochs,
+             config.strategy.name)
+    try:
+        summary, restarts = _attempts(sc, spec, config, store, evaluator, progress, started)
+    finally:
+        progress.close()
+        evaluated = evaluator.close()
+    if evaluated.errors:
+        log.warning("fit %s: %d snapshot(s) could not be evaluated on the driver: %s", run_id,
+                    len(evaluated.errors), "; ".join(evaluated.errors))
+    chosen = _choose(evaluated, config.final_weights, run_id)
+    return FitResult(run_id=run_id, model_factory=factory, state=chosen.state,
+                     chosen_epoch=chosen.epoch, history=evaluated.history, task=task,
+                     best_by=best_by, epochs_done=summary["epochs_done"],
+                     stopped_early=summary["stopped_early"],
+                     steps_per_rank=summary["steps_per_rank"],
+                     fit_time_s=time.perf_counter() - started, data=data, restarts=restarts,
+                     evaluation_errors=evaluated.errors)
+
+
+def _prepare(df: Any, model: Any, optimizer: Any, loss: Any, config: TrainConfig) -> tuple:
+    """Everything checked on the driver before launching: the components, the data (prepared
+    and sampled), what the model predicts, the metrics and the best-snapshot metric."""
     factory = model_factory(model)
     module = build_module(factory)
     recipe = optimizer_recipe(optimizer)
@@ -117,113 +165,87 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
     metrics = resolve_metrics(config.metrics if config.metrics is not None else
                               (["accuracy"] if task.kind != "regression" else []))
     best_by = resolve_best_by(config.best_by, metrics, data.val is not None)
-    run_id = config.run_id or new_run_id()
-    _record_run(store, run_id, data, config)
-    plan = data.train.plan(config.num_workers, config.batch_size, seed=config.seed,
-                           shuffle_buffer=config.shuffle_buffer,
-                           reader_workers=config.reader_workers, reader_pool=config.reader_pool,
-                           reader=config.reader)
-    spec = TrainSpec(run_id=run_id, model_factory=factory, optimizer=recipe, loss=loss_fn,
-                     metrics=metrics, plan=plan, features=config.features, label=config.label,
-                     epochs=config.epochs, snapshot_every=config.snapshot_every,
-                     strategy=config.strategy, seed=config.seed, store_root=store.root,
-                     learning_rate=config.learning_rate,
-                     max_snapshot_bytes=config.snapshot_channel_bytes,
-                     checkpoint_every=config.checkpoint_every,
-                     checkpoint_every_steps=config.checkpoint_every_steps,
-                     keep_checkpoints=config.keep_checkpoints)
-    evaluator = SnapshotEvaluator(factory, loss_fn, metrics,
-                                  read_rows(data.val) if data.val is not None else None,
-                                  config.features, config.label, best_by, mode_of(best_by),
-                                  config.early_stopping_patience, store, run_id)
-    progress = Progress(config.epochs, plan.steps_per_epoch, enabled=config.progress)
-    log.info("fit %s: %d workers x batch %d, %d steps per epoch, %d epochs, strategy %s",
-             run_id, config.num_workers, config.batch_size, plan.steps_per_epoch, config.epochs,
-             config.strategy.name)
-    try:
-        summary, restarts = _attempts(sc, spec, config, store, evaluator, progress)
-    finally:
-        progress.close()
-        evaluated = evaluator.close()
-    chosen = _choose(evaluated, config.final_weights, run_id)
-    return FitResult(run_id=run_id, model_factory=factory, state=chosen.state,
-                     chosen_epoch=chosen.epoch, history=evaluated.history, task=task,
-                     best_by=best_by, epochs_done=summary["epochs_done"],
-                     stopped_early=summary["stopped_early"],
-                     steps_per_rank=summary["steps_per_rank"],
-                     fit_time_s=time.perf_counter() - started, data=data, restarts=restarts)
+    return factory, recipe, loss_fn, store, data, task, metrics, best_by
 
 
 def _attempts(sc: Any, spec: TrainSpec, config: TrainConfig, store: Store,
-              evaluator: SnapshotEvaluator, progress: Progress
+              evaluator: SnapshotEvaluator, progress: Progress, started: float
               ) -> tuple[dict[str, Any], list[Restart]]:
-    """Launch the ranks; after a failure, relaunch from the last good checkpoint, up to
-    ``max_restarts`` times. A failure on every attempt ends with one error naming them all."""
+    """Launch the ranks; after a failure, relaunch from the last good checkpoint (or from the
+    start), up to ``max_restarts`` times, within what is left of ``timeout_s``. A failure on
+    every attempt ends with one error naming them all."""
     from pyspark import cloudpickle
 
     restarts: list[Restart] = []
     hook = _Dispatch(evaluator, progress)
     for attempt in range(config.max_restarts + 1):
         ref = checkpoint.latest_good(store, spec.run_id)
+        if ref is not None or attempt > 0:  # forget what a failed attempt did after it
+            evaluator.rewind(ref.epoch if ref else 0)
         if ref is not None:
-            evaluator.rewind(ref.epoch)
             log.info("attempt %d resumes run %s from %s (epoch %d done, step %d)", attempt,
                      spec.run_id, ref.url, ref.epoch, ref.step)
+        hook.steps = ref.epoch * spec.plan.steps_per_epoch + ref.step if ref else 0
         payload = serialize_call(train, (dataclasses.replace(
             spec, resume_url=ref.url if ref else None),), {})
+        remaining = _remaining(config.timeout_s, started)
         try:
-            results = run_stage(sc, _spec_factory(sc, config, spec.run_id, payload, attempt),
-                                timeout_s=config.timeout_s, hook=hook,
-                                description=f"sparkddl fit {spec.run_id} attempt {attempt}",
-                                watchdog_s=config.watchdog_s)
+            results = run_stage(
+                sc, spec_factory(sc, spec.run_id, payload, config.num_workers,
+                                 use_gpu=config.use_gpu, timeout_s=remaining, attempt=attempt),
+                timeout_s=remaining, hook=hook, watchdog_s=config.watchdog_s,
+                description=f"sparkddl fit {spec.run_id} attempt {attempt}")
             return cloudpickle.loads(results[0]), restarts
         except TrainingFailedError as exc:
-            if attempt == config.max_restarts:
+            if attempt == config.max_restarts or _remaining(config.timeout_s, started) == 0:
                 raise TrainingFailedError(
                     exc.failures, exc.spark_error, attempts=attempt + 1,
                     reason=exc.reason if attempt == 0 else
                     f"{exc.reason} (failed on every one of {attempt + 1} attempts; the last "
                     "failure is shown)") from exc
-            latest = checkpoint.latest_good(store, spec.run_id)
-            epoch, step = (latest.epoch, latest.step) if latest else (0, 0)
-            done_at_checkpoint = epoch * spec.plan.steps_per_epoch + step
-            # a rank that reported its failure said exactly where it was; else: heartbeats
-            reached = max([int(f.status.get("steps", 0)) for f in exc.failures] + [hook.steps])
-            restart = Restart(attempt, str(exc).splitlines()[0], epoch, step,
-                              max(0, reached - done_at_checkpoint), time.monotonic())
-            restarts.append(restart)
-            hook.pending = restart
-            log.warning("attempt %d of run %s failed (%s); relaunching from %s", attempt,
-                        spec.run_id, str(exc).splitlines()[0],
-                        f"epoch {latest.epoch}" if latest else "the start")
+            restarts.append(_restart(attempt, exc, store, spec, hook))
+            hook.pending = restarts[-1]
     raise AssertionError("unreachable")
 
 
-def _spec_factory(sc: Any, config: TrainConfig, run_id: str, payload: bytes,
-                  attempt: int) -> Callable[[DriverChannel], TaskSpec]:
-    def make_spec(channel: DriverChannel) -> TaskSpec:
-        return TaskSpec(run_id=run_id, payload=payload, num_workers=config.num_workers,
-                        channel_host=channel.host, channel_port=channel.port,
-                        secret=channel.secret, use_gpu=config.use_gpu,
-                        collective_timeout_s=config.timeout_s or DEFAULT_COLLECTIVE_TIMEOUT_S,
-                        echo_output=not preflight.is_local_master(sc.master), attempt=attempt)
-    return make_spec
+def _remaining(timeout_s: float | None, started: float) -> float | None:
+    """What is left of the fit's time limit (None: no limit; 0: nothing left)."""
+    if timeout_s is None:
+        return None
+    return max(timeout_s - (time.perf_counter() - started), 0.0)
 
 
-def _record_run(store: Store, run_id: str, data: PreparedData, config: TrainConfig) -> None:
-    """runs/<id>/run.json: what the run trains on, so a resume by run id can check it."""
+def _restart(attempt: int, exc: TrainingFailedError, store: Store, spec: TrainSpec,
+             hook: "_Dispatch") -> Restart:
+    latest = checkpoint.latest_good(store, spec.run_id)
+    epoch, step = (latest.epoch, latest.step) if latest else (0, 0)
+    done_at_checkpoint = epoch * spec.plan.steps_per_epoch + step
+    # a rank that reported its failure said exactly where it was; else: heartbeats
+    reached = max([int(f.status.get("steps", 0)) for f in exc.failures] + [hook.steps])
+    log.warning("attempt %d of run %s failed (%s); relaunching from %s", attempt, spec.run_id,
+                str(exc).splitlines()[0], f"epoch {epoch} step {step}" if latest else "the start")
+    return Restart(attempt, str(exc).splitlines()[0], epoch, step,
+                   max(0, reached - done_at_checkpoint), time.monotonic())
+
+
+def _record_run(store: Store, run_id: str, data: PreparedData, config: TrainConfig,
+                steps_per_epoch: int) -> None:
+    """runs/<id>/run.json: what the run trains on and how it is laid out, so a resume by run
+    id can check both (a checkpoint's position and per-rank state fit only that layout)."""
     url = store.run_url(run_id, "run.json")
-    if store.exists(url):
-        previous = json.loads(store.read_bytes(url))
-        if previous.get("fingerprint") != data.fingerprint:
-            raise ConfigError(
-                f"run {run_id} was trained on other data (fingerprint "
-                f"{previous.get('fingerprint')}, now {data.fingerprint}); pass the same data to "
-                "resume it, or leave runId unset to start a new run")
+    layout = {"fingerprint": data.fingerprint, "num_workers": config.num_workers,
+              "batch_size": config.batch_size, "steps_per_epoch": steps_per_epoch}
+    if not store.exists(url):
+        store.write_bytes(url, json.dumps({"run_id": run_id, "created": time.time(),
+                                           **layout}).encode())
         return
-    store.write_bytes(url, json.dumps({"run_id": run_id, "fingerprint": data.fingerprint,
-                                       "created": time.time(), "epochs": config.epochs,
-                                       "num_workers": config.num_workers}).encode())
+    previous = json.loads(store.read_bytes(url))
+    changed = {k: (previous.get(k), v) for k, v in layout.items() if previous.get(k) != v}
+    if changed:
+        what = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items())
+        raise ConfigError(f"run {run_id} cannot be resumed with a different setup ({what}); "
+                          "use the same data, numWorkers and batchSize, or leave runId unset "
+                          "to start a new run")
 
 
 def _choose(evaluated: EvaluationResult, final_weights: str, run_id: str) -> Any:

@@ -34,13 +34,13 @@ class StageMonitor:
     def __init__(self, hook: MessageHook | None = None):
         self.hook = hook
         self.failures: dict[int, RankFailure] = {}
-        self.finished: set[int] = set()
         self.wake = threading.Event()
         self.broadcast: Callable[[dict], None] = lambda header: None
         self._rendezvous: dict | None = None
         self._partial: dict[tuple[int, str], list[str]] = {}
         self._lock = threading.Lock()
         self.beats: dict[int, Beat] = {}
+        self._first_beat: float | None = None
 
     def handle(self, msg: Message) -> None:
         if msg.type in ("hello", "rendezvous"):
@@ -55,12 +55,11 @@ class StageMonitor:
                     host=str(msg.header.get("host", "")),
                     status=dict(msg.header.get("status") or {}))
             self.wake.set()
-        elif msg.type == "done":
-            self.finished.add(msg.rank)
-        elif msg.type == "heartbeat":
-            self._beat(msg)
-        elif self.hook is not None:
-            self.hook(msg)
+        else:
+            if msg.type == "heartbeat":
+                self._beat(msg)
+            if self.hook is not None and msg.type != "done":
+                self.hook(msg)
 
     def _relay_rendezvous(self, msg: Message) -> None:
         """Rank 0 reports its store's real port; every rank gets it, whenever it connects.
@@ -77,6 +76,8 @@ class StageMonitor:
         position = (h.get("steps"), h.get("step"), h.get("phase"))
         now = time.monotonic()
         with self._lock:
+            if self._first_beat is None:
+                self._first_beat = now
             old = self.beats.get(msg.rank)
             moved = now if old is None or old.position != position else old.moved_at
             self.beats[msg.rank] = Beat(position, moved, str(h.get("phase", "")),
@@ -87,11 +88,11 @@ class StageMonitor:
         reported, every rank must report within ``limit_s``."""
         now = time.monotonic()
         with self._lock:
-            if not self.beats:
-                return ""
-            first = min(b.moved_at for b in self.beats.values())
+            if self._first_beat is None:
+                return ""  # no rank has started yet: Spark may still be scheduling the tasks
             stuck = {r: b for r, b in self.beats.items() if now - b.moved_at > limit_s}
-            silent = [r for r in range(world) if r not in self.beats and now - first > limit_s]
+            silent = [r for r in range(world)
+                      if r not in self.beats and now - self._first_beat > limit_s]
         if not stuck and not silent:
             return ""
         parts = [f"rank {r} at step {b.step} ({b.phase})" for r, b in sorted(stuck.items())]

@@ -6,7 +6,7 @@ import uuid
 from typing import Any, Callable
 
 from sparkddl.channel.server import DriverChannel
-from sparkddl.errors import ConfigError
+from sparkddl.errors import ClusterError, ConfigError
 from sparkddl.launch import preflight
 from sparkddl.launch.pickling import serialize_call
 from sparkddl.launch.stage import run_stage
@@ -27,6 +27,22 @@ def spark_session(spark: Any = None) -> Any:
         return spark
     from pyspark.sql import SparkSession
     return SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
+
+
+def spec_factory(sc: Any, run_id: str, payload: bytes, num_workers: int, *,
+                 use_gpu: bool = False, timeout_s: float | None = None,
+                 torch_threads: int | None = None, attempt: int = 0
+                 ) -> Callable[[DriverChannel], TaskSpec]:
+    """What every barrier stage launcher passes to ``run_stage``: the task spec, completed
+    with the channel's address and secret once the channel is open."""
+    def make_spec(channel: DriverChannel) -> TaskSpec:
+        return TaskSpec(run_id=run_id, payload=payload, num_workers=num_workers,
+                        channel_host=channel.host, channel_port=channel.port,
+                        secret=channel.secret, use_gpu=use_gpu,
+                        collective_timeout_s=timeout_s or DEFAULT_COLLECTIVE_TIMEOUT_S,
+                        torch_threads=torch_threads, attempt=attempt,
+                        echo_output=not preflight.is_local_master(sc.master))
+    return make_spec
 
 
 def run(fn: Callable[..., Any], *args: Any, num_workers: int | None = None, use_gpu: bool = False,
@@ -55,21 +71,21 @@ def run(fn: Callable[..., Any], *args: Any, num_workers: int | None = None, use_
     sc = spark_session(spark).sparkContext
     if num_workers is None:
         num_workers = preflight.task_slots(sc)
+        if num_workers < 1:
+            raise ClusterError(f"the cluster ({sc.master}) has no task slots yet (no executor "
+                               "has registered); wait for executors or pass num_workers")
     preflight.check_num_workers(num_workers)
-    if timeout is not None and timeout <= 0:
+    if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
         raise ConfigError(f"timeout must be positive seconds or None, got {timeout!r}")
+    if torch_threads is not None and (isinstance(torch_threads, bool) or
+                                      not isinstance(torch_threads, int) or torch_threads < 1):
+        raise ConfigError(f"torch_threads must be a positive integer or None, got "
+                          f"{torch_threads!r}")
     preflight.check_cluster(sc, num_workers, use_gpu)
     payload = serialize_call(fn, args, kwargs)
     run_id = new_run_id()
-
-    def make_spec(channel: DriverChannel) -> TaskSpec:
-        return TaskSpec(run_id=run_id, payload=payload, num_workers=num_workers,
-                        channel_host=channel.host, channel_port=channel.port,
-                        secret=channel.secret, use_gpu=use_gpu,
-                        collective_timeout_s=timeout or DEFAULT_COLLECTIVE_TIMEOUT_S,
-                        torch_threads=torch_threads,
-                        echo_output=not preflight.is_local_master(sc.master))
-
+    make_spec = spec_factory(sc, run_id, payload, num_workers, use_gpu=use_gpu,
+                             timeout_s=timeout, torch_threads=torch_threads)
     name = getattr(fn, "__qualname__", type(fn).__name__)
     log.info("run %s: starting %s on %d rank(s)", run_id, name, num_workers)
     results = run_stage(sc, make_spec, timeout_s=timeout,

@@ -1,8 +1,10 @@
 """How a model's architecture is saved: by import where possible, pickled code otherwise.
 
-Loading pickled code runs it, so it happens only when asked for explicitly:
-``TorchModel.load(path, trusted=True)`` or inside ``with sparkddl.ml.trusted_loading():``.
-``TorchModel.load(path, model=MyNet())`` needs neither.
+Loading pickled code runs it, and so does calling a factory function a file names, so both
+happen only when asked for explicitly: ``TorchModel.load(path, trusted=True)`` or inside
+``with sparkddl.ml.trusted_loading():``. A torch.nn.Module class named by import (the
+built-in models, a user's model class) is rebuilt without trust;
+``TorchModel.load(path, model=MyNet())`` needs nothing.
 """
 from __future__ import annotations
 
@@ -60,10 +62,23 @@ def importable_name(obj: Any) -> str | None:
 
 
 def rebuild(arch: dict[str, Any], pickled: Callable[[], bytes], where: str) -> Any:
-    """A fresh module from a description; ``pickled`` fetches the pickled factory if needed."""
+    """A fresh module from a description; ``pickled`` fetches the pickled factory if needed.
+
+    An import description comes from a file too: without trust it may only name a
+    ``torch.nn.Module`` subclass (built-in models, user model classes), never an arbitrary
+    callable such as ``os:system``."""
     if arch["kind"] == "import":
+        import torch.nn as nn
+
         from sparkddl.models import import_target
-        return import_target(arch["target"])(**arch.get("kwargs", {}))
+        target = import_target(arch["target"])
+        if not is_trusted() and not (isinstance(target, type) and issubclass(target, nn.Module)):
+            raise SparkDDLError(
+                f"the model saved at {where} is rebuilt by calling {arch['target']!r}, which is "
+                "not a torch.nn.Module class; calling it runs code named by the file. Pass the "
+                "module to load the weights into (TorchModel.load(path, model=MyNet())), or, "
+                "for files you trust, TorchModel.load(path, trusted=True)")
+        return target(**arch.get("kwargs", {}))
     if not is_trusted():
         raise SparkDDLError(
             f"the model saved at {where} has an architecture defined in a notebook or script, "

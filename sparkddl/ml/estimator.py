@@ -30,6 +30,15 @@ def _accessors(cls: type) -> type:
     return cls
 
 
+def _metrics(metrics: Any) -> Any:
+    """One name or callable, several, or a name -> callable dict."""
+    if metrics is None or isinstance(metrics, dict):
+        return metrics
+    if isinstance(metrics, str) or callable(metrics):
+        return (metrics,)
+    return tuple(metrics)
+
+
 @_accessors
 class TorchEstimator(Estimator, HasTorchEstimatorParams):
     """Fits a PyTorch model on a DataFrame with N ranks of one Spark barrier stage.
@@ -52,6 +61,7 @@ class TorchEstimator(Estimator, HasTorchEstimatorParams):
                  numWorkers: int = 2, validation: Any = None,
                  store: str = "file:///tmp/sparkddl", strategy: str = "allreduce",
                  strategyOptions: Any = None, snapshotEvery: int = 1, bestBy: Any = None,
+                 bestByMode: str = "auto",
                  earlyStoppingPatience: int = 0, finalWeights: str = "best",
                  learningRate: Any = None, seed: int = 0, shuffleBufferSize: int = 10_000,
                  readerWorkers: int = 2, reader: str = "auto", useGpu: bool = False,
@@ -75,9 +85,10 @@ class TorchEstimator(Estimator, HasTorchEstimatorParams):
             batch_size=g(self.batchSize), num_workers=g(self.numWorkers),
             validation=g(self.validation), store=g(self.store), seed=g(self.seed),
             snapshot_every=g(self.snapshotEvery), best_by=g(self.bestBy),
+            best_mode=g(self.bestByMode),
             early_stopping_patience=g(self.earlyStoppingPatience),
             final_weights=g(self.finalWeights), learning_rate=g(self.learningRate),
-            metrics=tuple(g(self.metrics)) if g(self.metrics) is not None else None,
+            metrics=_metrics(g(self.metrics)),
             feature_shapes={k: tuple(v) for k, v in (g(self.featureShapes) or {}).items()},
             shuffle_buffer=g(self.shuffleBufferSize), reader_workers=g(self.readerWorkers),
             reader=g(self.reader),

@@ -61,9 +61,19 @@ def predict_batches(payload_bc: Any, features: list[str], kind: str, batch_rows:
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
+    saved = torch.get_num_threads()  # the Python worker outlives this task
     if ctx is not None:
         torch.set_num_threads(max(1, int(ctx.cpus())))
-    module = payload_bc.value.module()
+    try:
+        yield from _predict_frames(payload_bc.value.module(), features, kind, batch_rows, shapes,
+                                   frames)
+    finally:
+        torch.set_num_threads(saved)
+
+
+def _predict_frames(module: Any, features: list[str], kind: str, batch_rows: int,
+                    shapes: dict[str, list[int]], frames: Iterator[Any]) -> Iterator[Any]:
+    import torch
     for frame in frames:
         inputs = [_column(frame[f], shapes.get(f)) for f in features]
         outputs = []

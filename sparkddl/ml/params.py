@@ -67,6 +67,8 @@ class HasTorchEstimatorParams(HasTorchModelParams):
                            TypeConverters.toInt)
     bestBy = _param("bestBy", "metric choosing the best snapshot (val_loss, val_accuracy, "
                     "train_loss, ...); default val_loss, or train_loss without validation")
+    bestByMode = _param("bestByMode", "min or max: whether a lower or a higher bestBy is better; "
+                        "auto: min for losses and errors, max otherwise", TypeConverters.toString)
     earlyStoppingPatience = _param("earlyStoppingPatience", "stop after this many evaluated "
                                    "snapshots without improvement of bestBy; 0 = never",
                                    TypeConverters.toInt)
@@ -83,7 +85,8 @@ class HasTorchEstimatorParams(HasTorchModelParams):
                     "petastorm or arrow", TypeConverters.toString)
     useGpu = _param("useGpu", "train on the GPUs Spark assigns to the tasks",
                     TypeConverters.toBoolean)
-    timeout = _param("timeout", "wall-clock limit of the fit in seconds (None: no limit)")
+    timeout = _param("timeout", "wall-clock limit of the whole fit in seconds, all attempts "
+                     "together (None: no limit)")
     progress = _param("progress", "show progress on the driver", TypeConverters.toBoolean)
     checkpointEvery = _param("checkpointEvery", "write a checkpoint every N epochs (0: never)",
                              TypeConverters.toInt)
@@ -102,7 +105,7 @@ class HasTorchEstimatorParams(HasTorchModelParams):
         super().__init__()
         self._setDefault(metrics=None, labelCol="label", batchSize=32, epochs=10, numWorkers=2,
                          validation=None, store="file:///tmp/sparkddl", strategy="allreduce",
-                         strategyOptions={}, snapshotEvery=1, bestBy=None,
+                         strategyOptions={}, snapshotEvery=1, bestBy=None, bestByMode="auto",
                          earlyStoppingPatience=0, finalWeights="best", learningRate=None,
                          seed=0, shuffleBufferSize=10_000, readerWorkers=2, reader="auto",
                          useGpu=False,

@@ -10,12 +10,11 @@ from sparkddl.config import TrainConfig
 from sparkddl.data import DataSpec, prepare
 from sparkddl.launch import preflight
 from sparkddl.launch.pickling import serialize_call
-from sparkddl.launch.runner import DEFAULT_COLLECTIVE_TIMEOUT_S, new_run_id
+from sparkddl.launch.runner import new_run_id, spec_factory
 from sparkddl.launch.stage import run_stage
 from sparkddl.perfmodel.calibrate import Candidate, calibrate
 from sparkddl.perfmodel.predict import Model, Prediction
 from sparkddl.store import Store
-from sparkddl.task.spec import TaskSpec
 from sparkddl.train.components import model_factory, optimizer_recipe, resolve_loss
 from sparkddl.train.spec import TrainSpec
 
@@ -45,13 +44,16 @@ def run_calibration(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any,
     config.validate()
     sc = spark.sparkContext
     workers = min(calibration_workers, preflight.task_slots(sc))
+    preflight.check_num_workers(workers)  # 0 when no executor has registered yet
     preflight.check_cluster(sc, workers, config.use_gpu)
     store = Store.from_uri(config.store)
     data = prepare(df, DataSpec.of(config.features, config.label, shapes=config.feature_shapes),
                    num_workers=workers, batch_size=config.batch_size, store=store,
                    validation=config.validation, seed=config.seed)
     plan = data.train.plan(workers, config.batch_size, seed=config.seed,
-                           reader_workers=config.reader_workers, reader=config.reader)
+                           shuffle_buffer=config.shuffle_buffer,
+                           reader_workers=config.reader_workers, reader_pool=config.reader_pool,
+                           reader=config.reader)
     spec = TrainSpec(run_id=new_run_id(), model_factory=model_factory(model),
                      optimizer=optimizer_recipe(optimizer), loss=resolve_loss(loss), metrics={},
                      plan=plan, features=config.features, label=config.label, epochs=1,
@@ -59,15 +61,9 @@ def run_calibration(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any,
                      store_root=store.root, learning_rate=config.learning_rate)
     payload = serialize_call(calibrate, (spec, list(candidates),
                                          min(plan.steps_per_epoch, 50)), {})
-
-    def make_spec(channel: Any) -> TaskSpec:
-        return TaskSpec(run_id=spec.run_id, payload=payload, num_workers=workers,
-                        channel_host=channel.host, channel_port=channel.port,
-                        secret=channel.secret,
-                        collective_timeout_s=config.timeout_s or DEFAULT_COLLECTIVE_TIMEOUT_S,
-                        echo_output=not preflight.is_local_master(sc.master))
-
     from pyspark import cloudpickle
+    make_spec = spec_factory(sc, spec.run_id, payload, workers, use_gpu=config.use_gpu,
+                             timeout_s=config.timeout_s)
     results = run_stage(sc, make_spec, timeout_s=config.timeout_s,
                         description=f"sparkddl plan calibration x{workers}")
     return cloudpickle.loads(results[0]), data.train.rows

@@ -61,11 +61,10 @@ def calibrate(spec: TrainSpec, candidates: list[Candidate], reader_steps: int) -
                               for p in build_module(spec.model_factory).parameters()),
            "strategies": {c.label: _strategy_step(spec, dev, c, inputs, label)
                           for c in candidates}}
-    everyone: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(everyone, out)
     # the slowest rank sets the pace of synchronous training
-    out["step_s"] = max(o["step_s"] for o in everyone)
-    out["reader_rows_s"] = min(o["reader_rows_s"] for o in everyone)
+    pace = torch.tensor([out["step_s"], -out["reader_rows_s"]], dtype=torch.float64)
+    dist.all_reduce(pace, op=dist.ReduceOp.MAX)
+    out["step_s"], out["reader_rows_s"] = pace[0].item(), -pace[1].item()
     return out
 
 

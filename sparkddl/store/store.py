@@ -102,9 +102,6 @@ class Store:
             f.write(data)
         fs.move(tmp, path)
 
-    def makedirs(self, url: str) -> None:
-        self.filesystem().create_dir(self.fs_path(url), recursive=True)
-
     def delete(self, url: str) -> None:
         from pyarrow import fs as pafs
         fs, path = self.filesystem(), self.fs_path(url)

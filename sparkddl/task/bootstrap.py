@@ -19,11 +19,16 @@ from typing import Any, Iterable, Iterator
 from sparkddl.channel.client import RankChannel
 from sparkddl.errors import ClusterError
 from sparkddl.task import context
+from sparkddl.task.dist import note_visible_devices
 from sparkddl.task.gpu import map_gpu_addresses
+from sparkddl.task.heartbeat import Heartbeat
 from sparkddl.task.logs import forward_output
 from sparkddl.task.spec import TaskSpec
 
 log = logging.getLogger(__name__)
+
+# characters of a failure's message and of its traceback sent to the driver (each)
+MAX_REPORT_CHARS = 64_000
 
 
 def barrier_entry(spec: TaskSpec, _rows: Iterable[Any]) -> Iterator[bytes]:
@@ -34,22 +39,23 @@ def barrier_entry(spec: TaskSpec, _rows: Iterable[Any]) -> Iterator[bytes]:
     spark_ctx = BarrierTaskContext.get()
     rank = spark_ctx.partitionId()
     channel = _connect(spec, rank)
+    status: dict[str, Any] = {"phase": "joining the rendezvous", "steps": 0}
     reported: list[BaseException] = []
 
     def report(exc: BaseException) -> None:
         if exc not in reported:
             reported.append(exc)
-            status = dict(context.current().status) if context.is_active() else {}
-            channel.send({"type": "error", "message": f"{type(exc).__name__}: {exc}",
-                          "traceback": traceback.format_exc(), "host": socket.gethostname(),
-                          "status": status})
+            channel.send({"type": "error", "message": _clip(f"{type(exc).__name__}: {exc}"),
+                          "traceback": _clip(traceback.format_exc()),
+                          "host": socket.gethostname(), "status": dict(status)})
             channel.flush()
 
     result: bytes | None = None
     try:
-        with forward_output(channel, echo=spec.echo_output):
+        with forward_output(channel, echo=spec.echo_output), \
+                Heartbeat(channel, status, spec.heartbeat_s):
             try:
-                with rank_environment(spec, spark_ctx, channel):
+                with rank_environment(spec, spark_ctx, channel, status):
                     fn, args, kwargs = cloudpickle.loads(spec.payload)
                     try:
                         value = _call(fn, args, kwargs)
@@ -68,6 +74,15 @@ def barrier_entry(spec: TaskSpec, _rows: Iterable[Any]) -> Iterator[bytes]:
         channel.close()
     if result is not None:
         yield result
+
+
+def _clip(text: str) -> str:
+    """Keep a failure report well under the channel's header limit, whatever its size: the
+    start says what failed, the end where."""
+    if len(text) <= MAX_REPORT_CHARS:
+        return text
+    half = MAX_REPORT_CHARS // 2
+    return f"{text[:half]}\n... [{len(text) - 2 * half} characters cut] ...\n{text[-half:]}"
 
 
 def _call(fn: Any, args: tuple, kwargs: dict) -> Any:
@@ -104,8 +119,8 @@ def _connect(spec: TaskSpec, rank: int) -> RankChannel:
 
 
 @contextmanager
-def rank_environment(spec: TaskSpec, spark_ctx: Any, channel: RankChannel
-                     ) -> Iterator[context.RankContext]:
+def rank_environment(spec: TaskSpec, spark_ctx: Any, channel: RankChannel,
+                     status: dict[str, Any]) -> Iterator[context.RankContext]:
     import torch
     import torch.distributed as dist
 
@@ -119,10 +134,14 @@ def rank_environment(spec: TaskSpec, spark_ctx: Any, channel: RankChannel
         local_world_size=hosts.count(hosts[rank]),
         node_rank=list(dict.fromkeys(hosts)).index(hosts[rank]), master_addr=hosts[0],
         master_port=master_port, run_id=spec.run_id, attempt=spec.attempt, use_gpu=spec.use_gpu,
-        gpus=gpus, collective_timeout_s=spec.collective_timeout_s, channel=channel, store=store)
-    saved_threads = torch.get_num_threads()
+        gpus=gpus, collective_timeout_s=spec.collective_timeout_s, channel=channel, store=store,
+        status=status)
+    status["phase"] = "running"
+    saved = (torch.get_num_threads(), torch.get_rng_state())
     ok = False
     with _patched_environ(_torchrun_env(ctx, threads)):
+        if gpus:
+            note_visible_devices()
         torch.set_num_threads(threads)
         context.set_current(ctx)
         try:
@@ -132,13 +151,17 @@ def rank_environment(spec: TaskSpec, spark_ctx: Any, channel: RankChannel
             yield ctx
             ok = True
         finally:
+            # the Python worker is reused by later tasks: everything below must run
             context.set_current(None)
-            if dist.is_available() and dist.is_initialized():
-                dist.destroy_process_group()
-            if ok:  # rank 0's store must outlive every rank's last use of it
-                _finish_barrier(store, rank, world, spec.collective_timeout_s)
-            torch.set_num_threads(saved_threads)
-            del store
+            try:
+                if dist.is_available() and dist.is_initialized():
+                    dist.destroy_process_group()
+                if ok:  # rank 0's store must outlive every rank's last use of it
+                    _finish_barrier(store, rank, world, spec.collective_timeout_s)
+            finally:
+                torch.set_num_threads(saved[0])
+                torch.set_rng_state(saved[1])
+                del store
 
 
 def _rendezvous(spec: TaskSpec, rank: int, master_host: str, channel: RankChannel

@@ -26,7 +26,8 @@ class RankContext:
     channel: RankChannel | None = None
     store: Any = None  # the run's torch TCPStore (rank 0 hosts it)
     stop_requested: threading.Event = field(default_factory=threading.Event)
-    # where this rank is (e.g. epoch, step, phase): sent with heartbeats and failure reports
+    # where this rank is (phase, epoch, step, steps): plain ints and strings, sent with
+    # heartbeats and failure reports
     status: dict[str, Any] = field(default_factory=dict)
 
     @property

@@ -37,19 +37,47 @@ def init_process_group(backend: str | None = None, timeout_s: float | None = Non
     return backend
 
 
+# CUDA_VISIBLE_DEVICES when CUDA was first initialized in this process: Spark reuses Python
+# workers, and CUDA keeps the devices it saw then, whatever later tasks set
+_visible_at_cuda_init: str | None = None
+
+
+def note_visible_devices() -> None:
+    """Called when a task has set CUDA_VISIBLE_DEVICES: remember it if CUDA is not up yet."""
+    global _visible_at_cuda_init
+    import torch
+    if not torch.cuda.is_initialized():
+        _visible_at_cuda_init = os.environ.get("CUDA_VISIBLE_DEVICES")
+
+
 def local_device_index() -> int:
     """The CUDA device index this rank should use.
 
     When Spark assigned GPUs, CUDA_VISIBLE_DEVICES holds exactly this task's devices, so the
-    first visible device is ours; without an assignment (local mode) ranks on one host take
-    devices round-robin by local rank.
+    first visible device is ours, unless CUDA was initialized by an earlier task of this
+    reused worker, in which case the devices are numbered as that task saw them. Without an
+    assignment (local mode) ranks on one host take devices round-robin by local rank.
     """
     import torch
 
     if context.is_active() and context.current().gpus:
-        return 0
+        return device_index(context.current().gpus[0], torch.cuda.is_initialized(),
+                            _visible_at_cuda_init)
     count = max(torch.cuda.device_count(), 1)
     return int(os.environ.get("LOCAL_RANK", "0")) % count
+
+
+def device_index(gpu: str, cuda_initialized: bool, visible_at_init: str | None) -> int:
+    """Index of physical GPU ``gpu`` among the devices CUDA enumerated in this process."""
+    if not cuda_initialized or visible_at_init is None:
+        return 0
+    seen = [d.strip() for d in visible_at_init.split(",")]
+    if gpu not in seen:
+        raise ClusterError(
+            f"Spark assigned GPU {gpu} to this task, but CUDA was initialized in this reused "
+            f"Python worker by an earlier task that saw only GPUs {visible_at_init}; set "
+            "spark.python.worker.reuse=false for GPU training")
+    return seen.index(gpu)
 
 
 def device() -> "torch.device":  # noqa: F821 - torch is imported lazily

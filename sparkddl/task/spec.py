@@ -23,6 +23,7 @@ class TaskSpec:
     torch_threads: int | None = None
     attempt: int = 0
     echo_output: bool = True
+    heartbeat_s: float = 1.0
 
     def __repr__(self) -> str:  # keep the secret and the payload out of logs
         return (f"TaskSpec(run_id={self.run_id!r}, num_workers={self.num_workers}, "

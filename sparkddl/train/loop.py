@@ -1,16 +1,16 @@
 """Executor side of a fit: the training loop every rank runs inside its barrier task.
 
 Rank 0 reports to the driver through the channel: progress (rate-limited), one row of
-epoch statistics (averaged over all ranks), model snapshots and checkpoints. Every rank sends
-heartbeats with its step, so the driver's watchdog can tell a stuck rank from a slow one.
+epoch statistics (averaged over all ranks), model snapshots and checkpoints. Every rank keeps
+its position in the context's status, which its heartbeats carry to the driver's watchdog.
 The driver may ask to stop; the ranks agree on it in the same allreduce that sums the epoch
 statistics, so they all stop after the same step.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
-import threading
 import time
 from typing import Any
 
@@ -66,24 +66,26 @@ class _Run:
 def train(spec: TrainSpec) -> dict[str, Any]:
     import torch.distributed as dist
 
+    import torch
+
     run = _Run(spec)
     stopped, epoch = False, run.pos.epoch - 1
-    with _Heartbeat(run):
-        for epoch in range(run.pos.epoch, spec.epochs + 1):
-            row, stopped = _epoch(run, epoch)
-            last = epoch == spec.epochs or stopped
-            run.reporter.epoch(row)
-            if epoch % spec.snapshot_every == 0 or last:
-                if last:
-                    run.strategy.finalize(run.module)
-                run.reporter.snapshot(epoch, run.module.state_dict(), final=last)
-            if spec.checkpoint_every and epoch % spec.checkpoint_every == 0 and not last:
-                run.checkpoint(epoch, 0, _zeros(run))
-            if stopped:
-                break
-    everyone: list[Any] = [None] * run.ctx.world_size
-    dist.all_gather_object(everyone, run.pos.global_steps)
-    return {"epochs_done": epoch, "stopped_early": stopped, "steps_per_rank": everyone}
+    for epoch in range(run.pos.epoch, spec.epochs + 1):
+        row, stopped = _epoch(run, epoch)
+        last = epoch == spec.epochs or stopped
+        run.reporter.epoch(row)
+        if epoch % spec.snapshot_every == 0 or last:
+            if last:
+                run.strategy.finalize(run.module)
+            run.reporter.snapshot(epoch, run.module.state_dict(), final=last)
+        if spec.checkpoint_every and epoch % spec.checkpoint_every == 0 and not last:
+            run.checkpoint(epoch, 0, _zeros(run))
+        if stopped:
+            break
+    steps = [torch.zeros(1, dtype=torch.int64) for _ in range(run.ctx.world_size)]
+    dist.all_gather(steps, torch.tensor([run.pos.global_steps]))
+    return {"epochs_done": epoch, "stopped_early": stopped,
+            "steps_per_rank": [int(t.item()) for t in steps]}
 
 
 def _zeros(run: _Run) -> Any:
@@ -105,18 +107,20 @@ def _epoch(run: _Run, epoch: int) -> tuple[dict[str, Any], bool]:
         torch.set_rng_state(run.saved["rng"])
     start = time.perf_counter()
     run.mark("reading data", epoch, 0)
-    for step, batch in enumerate(epoch_batches(spec.plan, ctx.rank, epoch - 1), 1):
-        if step <= skip:
-            run.mark("skipping steps done before the restart", epoch, step)
-            continue  # the order is the same as before the restart, so skip them
-        run.mark("training", epoch, step)
-        _step(run, batch, sums)
-        run.pos.global_steps += 1
-        run.mark("reading data")
-        run.reporter.progress(epoch, step, run.last_loss)
-        if spec.checkpoint_every_steps and run.pos.global_steps % spec.checkpoint_every_steps \
-                == 0 and step < spec.plan.steps_per_epoch:
-            run.checkpoint(epoch - 1, step, sums)
+    # closed on every path: a failing step must not leave reader threads behind
+    with contextlib.closing(epoch_batches(spec.plan, ctx.rank, epoch - 1)) as batches:
+        for step, batch in enumerate(batches, 1):
+            if step <= skip:
+                run.mark("skipping steps done before the restart", epoch, step)
+                continue  # the order is the same as before the restart, so skip them
+            run.mark("training", epoch, step)
+            _step(run, batch, sums)
+            run.pos.global_steps += 1
+            run.mark("reading data")
+            run.reporter.progress(epoch, step, run.last_loss)
+            if spec.checkpoint_every_steps and step < spec.plan.steps_per_epoch and \
+                    run.pos.global_steps % spec.checkpoint_every_steps == 0:
+                run.checkpoint(epoch - 1, step, sums)
     run.mark("exchanging epoch statistics")
     comm = run.strategy.end_epoch()
     sums[2] = float(ctx.stop_requested.is_set())
@@ -148,29 +152,6 @@ def _step(run: _Run, batch: dict[str, Any], sums: Any) -> None:
         for i, fn in enumerate(spec.metrics.values()):
             sums[3 + i] += fn(output.detach(), label).double() * n
     run.last_loss = loss
-
-
-class _Heartbeat:
-    """Every rank tells the driver, every ``heartbeat_s``, which step it is at and what it is
-    doing; the driver's watchdog fails the run when a rank's step stops moving."""
-
-    def __init__(self, run: _Run):
-        self.run = run
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._beat, daemon=True, name="sparkddl-heartbeat")
-
-    def __enter__(self) -> "_Heartbeat":
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-
-    def _beat(self) -> None:
-        ctx = self.run.ctx
-        while ctx.channel is not None and not self._stop.wait(self.run.spec.heartbeat_s):
-            ctx.channel.send({"type": "heartbeat", **ctx.status})
 
 
 class _Reporter:

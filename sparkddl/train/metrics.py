@@ -36,7 +36,7 @@ def mae(output: Any, label: Any) -> Any:
 
 
 BUILTIN: dict[str, Metric] = {"accuracy": accuracy, "mse": mse, "mae": mae}
-LOWER_IS_BETTER = ("loss", "mse", "mae", "error")
+LOWER_IS_BETTER = ("loss", "mse", "mae", "rmse", "error")
 
 
 def resolve_metrics(metrics: Iterable[Any] | dict[str, Metric] | None) -> dict[str, Metric]:
@@ -63,6 +63,13 @@ def resolve_metrics(metrics: Iterable[Any] | dict[str, Metric] | None) -> dict[s
     return dict(items)
 
 
-def mode_of(name: str) -> str:
-    """'min' for losses and errors, 'max' for everything else (accuracy, ...)."""
+MODES = ("auto", "min", "max")
+
+
+def best_mode(name: str, mode: str = "auto") -> str:
+    """``mode`` when given; for "auto", 'min' for losses and errors (names ending in loss,
+    mse, mae, rmse, error), 'max' for everything else (accuracy, ...). Set the mode for
+    metrics named otherwise (perplexity, mape, ...)."""
+    if mode != "auto":
+        return mode
     return "min" if name.endswith(LOWER_IS_BETTER) else "max"

@@ -26,13 +26,11 @@ def save(spec: Any, ctx: context.RankContext, module: Any, optimizer: Any, strat
          done_epochs: int, steps_into_next: int, global_steps: int, sums: Any) -> None:
     """Collective: every rank calls it; rank 0 writes the file and tells the driver."""
     import torch
-    import torch.distributed as dist
 
     mine = {"strategy": strategy.state_dict(), "rng": torch.get_rng_state(),
             "sums": sums.detach().cpu().clone()}
-    everyone: list[Any] = [None] * ctx.world_size
-    dist.all_gather_object(everyone, mine)
-    if ctx.rank != 0:
+    everyone = gather_to_chief(mine, ctx)
+    if everyone is None:
         return
     payload = {"epoch": done_epochs, "step": steps_into_next, "global_steps": global_steps,
                "model": {k: v.detach().cpu() for k, v in module.state_dict().items()},
@@ -63,3 +61,28 @@ def restore_rest(ckpt: dict[str, Any], ctx: context.RankContext, optimizer: Any,
     mine = ckpt["ranks"][ctx.rank]
     strategy.load_state_dict(mine["strategy"])
     return mine
+
+
+def gather_to_chief(state: dict[str, Any], ctx: context.RankContext) -> list[Any] | None:
+    """Every rank's ``state`` on rank 0 (None elsewhere), serialized with ``torch.save`` and
+    read back with ``weights_only=True``: bytes from other processes are never unpickled,
+    and only rank 0 receives them."""
+    import io
+
+    import torch
+    import torch.distributed as dist
+
+    buf = io.BytesIO()
+    torch.save(state, buf)
+    data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
+    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(ctx.world_size)]
+    dist.all_gather(sizes, torch.tensor([data.numel()]))
+    longest = max(int(s.item()) for s in sizes)
+    padded = torch.zeros(longest, dtype=torch.uint8)
+    padded[:data.numel()] = data
+    parts = [torch.zeros(longest, dtype=torch.uint8) for _ in sizes] if ctx.rank == 0 else None
+    dist.gather(padded, parts, dst=0)
+    if parts is None:
+        return None
+    return [torch.load(io.BytesIO(p[:int(n.item())].numpy().tobytes()), weights_only=True)
+            for p, n in zip(parts, sizes)]

@@ -31,4 +31,3 @@ class TrainSpec:
     checkpoint_every_steps: int = 0  # also every N steps inside an epoch; 0 = never
     keep_checkpoints: int = 3
     resume_url: str | None = None  # the checkpoint to resume from, chosen by the driver
-    heartbeat_s: float = 1.0

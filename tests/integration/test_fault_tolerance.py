@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from sparkddl import TorchEstimator, TrainingFailedError
+from sparkddl import ConfigError, TorchEstimator, TrainingFailedError
 from sparkddl.channel import protocol
 from sparkddl.launch import stage
 from sparkddl.store import Store
@@ -90,6 +90,51 @@ def test_resume_inside_an_epoch_from_a_step_checkpoint(spark_local, tmp_path):
     assert (restart["resumed_from_epoch"], restart["resumed_from_step"]) == (1, 30 - STEPS)
     assert restart["steps_redone"] == 2  # steps 31 and 32; step 33 failed
     assert [r["attempt"] for r in model.history] == [0, 1, 1, 1]
+
+
+@pytest.mark.timeout(300)
+def test_without_checkpoints_a_restart_starts_over_and_forgets_the_failed_attempt(
+        spark_local, tmp_path):
+    loss = FailingLoss(str(tmp_path / "marker"), at_step=2 * STEPS + 5)
+    model = estimator(tmp_path, loss, checkpointEvery=0).fit(digits_df(spark_local))
+    assert_complete(model)
+    [restart] = model.restarts
+    assert (restart["resumed_from_epoch"], restart["resumed_from_step"]) == (0, 0)
+    assert restart["steps_redone"] == 2 * STEPS + 4
+    assert [r["attempt"] for r in model.history] == [1, 1, 1, 1]  # epochs 1-2 of attempt 0 gone
+
+
+@pytest.mark.timeout(300)
+def test_resuming_a_run_with_another_layout_is_refused(spark_local, tmp_path):
+    df = digits_df(spark_local)
+    estimator(tmp_path, "cross_entropy", epochs=2, runId="run-layout").fit(df)
+    with pytest.raises(ConfigError, match=r"run run-layout cannot be resumed with a different "
+                                          r"setup \(num_workers 2 -> 1"):
+        estimator(tmp_path, "cross_entropy", epochs=3, runId="run-layout", numWorkers=1).fit(df)
+
+
+class HangingModel:
+    """A model factory that hangs on rank 1 before training starts (first attempt only)."""
+
+    def __init__(self, marker: str):
+        self.marker = marker
+
+    def __call__(self) -> torch.nn.Module:
+        if os.environ.get("RANK") == "1" and not os.path.exists(self.marker):
+            Path(self.marker).touch()
+            time.sleep(3600)
+        return mlp()
+
+
+@pytest.mark.timeout(300)
+def test_watchdog_catches_a_rank_stuck_before_its_first_step(spark_local, tmp_path):
+    model = estimator(tmp_path, "cross_entropy", model=HangingModel(str(tmp_path / "marker")),
+                      watchdogTimeout=4.0).fit(digits_df(spark_local))
+    assert_complete(model)
+    [restart] = model.restarts
+    # rank 0 waits for rank 1 in the process group's first collective: both are named
+    assert "watchdog: no progress for 4s: " in restart["reason"]
+    assert "rank 1 at step 0 (running)" in restart["reason"]
 
 
 @pytest.mark.timeout(300)

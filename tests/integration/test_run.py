@@ -74,6 +74,23 @@ def torchrun_env() -> dict:
     return {k: os.environ.get(k) for k in TORCHRUN_VARS}
 
 
+def worker_state() -> dict:
+    """What a task sees of the Python worker it runs in."""
+    import logging
+    return {"pid": os.getpid(), "env": torchrun_env(), "threads": torch.get_num_threads(),
+            "rng": torch.get_rng_state().sum().item(), "stdout": type(sys.stdout).__name__,
+            "handlers": len(logging.getLogger().handlers)}
+
+
+def disturb_worker() -> dict:
+    """A run that changes everything it can in its worker: seeds, threads, logging."""
+    import logging
+    torch.manual_seed(1234)
+    torch.set_num_threads(1)
+    logging.basicConfig(level=logging.INFO)
+    return torchrun_env()
+
+
 @pytest.mark.timeout(120)
 def test_allreduce_sums_over_ranks(spark):
     assert sparkddl.run(allreduce_sum, 1.5, num_workers=2, spark=spark) == pytest.approx(4.5)
@@ -110,11 +127,17 @@ def test_failing_rank_surfaces_with_its_traceback(spark):
 
 @pytest.mark.timeout(120)
 def test_environment_restored_after_run(spark):
-    seen = sparkddl.run(torchrun_env, num_workers=2, spark=spark)
+    sc = spark.sparkContext
+    before = sc.parallelize(range(2), 2).map(lambda _: worker_state()).collect()
+    seen = sparkddl.run(disturb_worker, num_workers=2, spark=spark)
     assert seen["WORLD_SIZE"] == "2" and seen["TORCHELASTIC_USE_AGENT_STORE"] == "True"
     # plain tasks afterwards run in the same reused Python workers and must see none of it
-    after = spark.sparkContext.parallelize(range(4), 2).map(lambda _: torchrun_env()).collect()
-    assert all(v is None for env in after for v in env.values())
+    after = sc.parallelize(range(2), 2).map(lambda _: worker_state()).collect()
+    assert {s["pid"] for s in after} == {s["pid"] for s in before}  # the same workers
+    by_pid = {s["pid"]: s for s in before}
+    for state in after:
+        assert all(v is None for v in state["env"].values())
+        assert state == by_pid[state["pid"]]  # threads, RNG, stdout and logging as before
 
 
 def print_then_wait(marker: str) -> str:
@@ -216,6 +239,19 @@ def test_default_num_workers_uses_every_slot(spark_local):
     def world() -> str:
         return os.environ["WORLD_SIZE"]
     assert sparkddl.run(world, spark=spark_local) == "2"
+
+
+def raise_huge() -> None:
+    raise ValueError("x" * 3_000_000)
+
+
+@pytest.mark.timeout(60)
+def test_a_huge_failure_report_still_reaches_the_driver(spark_local):
+    with pytest.raises(TrainingFailedError) as info:
+        sparkddl.run(raise_huge, num_workers=2, spark=spark_local)
+    messages = [f.message for f in info.value.failures]
+    assert any("ValueError: xxx" in m and "characters cut" in m for m in messages)
+    assert all(len(m) < 100_000 for m in messages)
 
 
 @pytest.mark.timeout(60)

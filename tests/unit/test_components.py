@@ -11,7 +11,7 @@ from sparkddl.launch.fit import resolve_best_by
 from sparkddl.ml.architecture import describe, importable_name
 from sparkddl.models import CNN, MLP, build_model
 from sparkddl.train.components import model_factory, optimizer_recipe, resolve_loss
-from sparkddl.train.metrics import accuracy, mode_of, resolve_metrics
+from sparkddl.train.metrics import accuracy, best_mode, resolve_metrics
 
 
 def test_optimizer_instance_is_rebuilt_with_every_setting():
@@ -63,7 +63,8 @@ def test_metrics_resolve_and_compute():
     assert accuracy(torch.tensor([1.5, -2.0]), torch.tensor([1.0, 1.0])).item() == 0.5
     with pytest.raises(ConfigError, match=r"unknown metric 'f1'; choose among accuracy, mse"):
         resolve_metrics(["f1"])
-    assert mode_of("val_loss") == "min" and mode_of("val_accuracy") == "max"
+    assert best_mode("val_loss") == "min" and best_mode("val_accuracy") == "max"
+    assert best_mode("val_rmse") == "min" and best_mode("val_perplexity", "min") == "min"
 
 
 def test_best_by_lists_valid_choices():
@@ -109,3 +110,23 @@ def test_secrets_are_redacted_from_configs():
     assert out["spark"]["conf"] == {"spark.hadoop.fs.s3a.secret.key": "***",
                                     "spark.hadoop.fs.s3a.access.key": "***", "spark.master": "x"}
     assert out["store"] == {"token": "***", "path": "/p"} and out["password"] == ""
+
+
+def test_saved_import_targets_must_be_module_classes_unless_trusted():
+    from sparkddl.errors import SparkDDLError
+    from sparkddl.ml.architecture import rebuild, trusted_loading
+
+    no_pickle = lambda: b""  # noqa: E731
+    built = rebuild({"kind": "import", "target": "sparkddl.models:MLP",
+                     "kwargs": {"in_features": 4, "hidden": [3], "out_features": 2}},
+                    no_pickle, "here")
+    assert isinstance(built, MLP)
+    evil = {"kind": "import", "target": "os:system", "kwargs": {"command": "echo pwned"}}
+    with pytest.raises(SparkDDLError, match=r"'os:system', which is not a torch.nn.Module"):
+        rebuild(evil, no_pickle, "here")
+    factory = {"kind": "import", "target": "sparkddl.models:build_model",
+               "kwargs": {"name": "mlp", "in_features": 4}}
+    with pytest.raises(SparkDDLError, match="not a torch.nn.Module class"):
+        rebuild(factory, no_pickle, "here")
+    with trusted_loading():
+        assert isinstance(rebuild(factory, no_pickle, "here"), MLP)

@@ -152,6 +152,15 @@ def test_declared_shape_must_match_width():
         column_spec("img", "feature", "vector", 64, (3, 8, 8))
 
 
+@pytest.mark.parametrize("kind,width,shape", [("vector", 64, (-8, -8)), ("vector", 64, (64, 1.0)),
+                                              ("floating", None, (-1, -1))])
+def test_declared_shape_needs_positive_whole_dimensions(kind, width, shape):
+    # each of these multiplies out to the column's width, so only this check catches them
+    with pytest.raises(DataError, match=r"column 'img': declared shape \(.*\) has a dimension "
+                                        r"that is not a positive integer"):
+        column_spec("img", "feature", kind, width, shape)
+
+
 def test_scalar_columns_take_only_one_value_shapes():
     assert column_spec("x", "feature", "floating", None, (1,)).shape == (1,)
     with pytest.raises(DataError, match=r"'x' holds one value per row but shape \(2,\)"):

@@ -81,3 +81,13 @@ def test_not_callable():
 
 
 _GLOBAL_LOCK = threading.Lock()
+
+
+def test_gpu_index_in_a_reused_worker_follows_what_cuda_saw_first():
+    from sparkddl.task.dist import device_index
+    assert device_index("3", cuda_initialized=False, visible_at_init="1") == 0
+    assert device_index("3", cuda_initialized=True, visible_at_init=None) == 0
+    assert device_index("3", cuda_initialized=True, visible_at_init="1,3") == 1
+    with pytest.raises(ClusterError, match=r"assigned GPU 3 .* saw only GPUs 0,1; set "
+                                           r"spark.python.worker.reuse=false"):
+        device_index("3", cuda_initialized=True, visible_at_init="0,1")

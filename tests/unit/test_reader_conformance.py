@@ -1,4 +1,4 @@
-"""One contract, both readers: Petastorm and pyarrow.dataset read shards the same way.
+"""One contract, both readers: Petastorm and pyarrow's ParquetFile read shards the same way.
 
 Parquet written with pyarrow, no Spark. Row ids encode where a row lives: row ``id`` is in
 global row group ``id // GROUP`` (files in path order), so the shard rule can be checked.
@@ -17,7 +17,7 @@ import pytest
 import torch
 from pyarrow import fs as pafs
 
-from sparkddl.data import petastorm_source
+from sparkddl.data import arrow_source, petastorm_source, reader as reader_module
 from sparkddl.data.plan import ShardPlan, list_row_groups, plan_shards, resolve_reader
 from sparkddl.data.reader import epoch_batches
 from sparkddl.data.schema import ColumnSpec
@@ -145,6 +145,26 @@ def test_closing_early_stops_every_reader_thread(dataset, reader):
     assert len(set(threading.enumerate()) - before) >= 2
     batches.close()
     assert not [t for t in set(threading.enumerate()) - before if t.is_alive()]
+
+
+def test_a_reader_thread_stuck_in_io_does_not_hold_up_the_error(dataset, monkeypatch, caplog):
+    release = threading.Event()
+
+    def source(plan, rank, epoch, part, parts):
+        if part == 0:
+            raise OSError("disk gone")
+        release.wait(30)  # a read that never returns
+        yield from arrow_source.read_sub_shard(plan, rank, epoch, part, parts)
+
+    monkeypatch.setitem(reader_module.SOURCES, "arrow", source)
+    monkeypatch.setattr(reader_module, "JOIN_TIMEOUT_S", 0.2)
+    plan = _plan(dataset, reader="arrow", reader_workers=2)
+    try:
+        with pytest.raises(OSError, match="disk gone"):
+            list(epoch_batches(plan, 0, 0))
+        assert "rank 0: reader thread sparkddl-reader-1 is still busy" in caplog.text
+    finally:
+        release.set()
 
 
 @pytest.fixture

@@ -2,7 +2,7 @@
 
 pyarrow tells them apart: Petastorm needs pyarrow < 15, so the stack with it
 (constraints.txt) has pyarrow 14, and the current stack (constraints-current.txt) has
-pyarrow >= 18 and no Petastorm (sparkddl reads through pyarrow.dataset there).
+pyarrow >= 18 and no Petastorm (sparkddl reads with pyarrow.parquet there).
 """
 from __future__ import annotations
 

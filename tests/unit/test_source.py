@@ -1,0 +1,89 @@
+"""Existing Parquet datasets used in place: their row groups, plans and fingerprints. No Spark."""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sparkddl.data.reader import epoch_batches
+from sparkddl.data.schema import DataSpec
+from sparkddl.data.source import open_parquet, prepare_parquet
+from sparkddl.errors import DataError
+from tests.stacks import needs_petastorm
+
+SPEC = DataSpec.of("x", "y")
+
+
+def _table(ids: np.ndarray) -> pa.Table:
+    return pa.table({"x": ids.astype(np.float32), "y": ids.astype(np.int64)})
+
+
+def _write(path, sizes: list[int], start: int = 0) -> None:
+    """One file with row groups of the given sizes (none: an empty table); ids count up."""
+    with pq.ParquetWriter(path, _table(np.arange(0)).schema) as w:
+        for size in sizes or [0]:
+            w.write_table(_table(np.arange(start, start + size)))
+            start += size
+
+
+@pytest.fixture
+def with_empty_file(tmp_path) -> str:
+    root = tmp_path / "data"
+    root.mkdir()
+    _write(root / "part-0.parquet", [20, 30])
+    _write(root / "part-1.parquet", [])  # pyarrow writes one row group of 0 rows
+    _write(root / "part-2.parquet", [30, 20], start=50)
+    (root / "_SUCCESS").write_text("")
+    return f"file://{root}"
+
+
+@pytest.mark.parametrize("reader", [pytest.param("petastorm", marks=needs_petastorm), "arrow"])
+def test_empty_files_count_in_the_plan_as_the_readers_count_them(with_empty_file, reader):
+    dataset = open_parquet(with_empty_file, SPEC)
+    assert dataset.row_groups == (20, 30, 0, 30, 20)
+    plan = dataset.plan(2, 10, reader=reader)
+    # the empty row group moves the last two to the other rank: without it, 50 rows each
+    assert plan.rows_per_rank == (40, 60) and not plan.stride and plan.steps_per_epoch == 4
+    ids = []
+    for rank in range(2):
+        batches = list(epoch_batches(plan, rank, 0))
+        assert len(batches) == plan.steps_per_epoch
+        ids += [i for b in batches for i in b["y"].tolist()]
+    assert len(ids) == len(set(ids)) == plan.rows_per_epoch
+
+
+def test_a_dataset_of_empty_files_is_refused(tmp_path):
+    _write(tmp_path / "part-0.parquet", [])
+    with pytest.raises(DataError, match=r"no Parquet rows under file://"):
+        open_parquet(f"file://{tmp_path}", SPEC)
+
+
+def test_too_few_rows_for_one_global_batch_is_refused(with_empty_file):
+    with pytest.raises(DataError, match=r"100 training rows are fewer than num_workers × "
+                                        r"batch_size = 4 × 32"):
+        prepare_parquet(with_empty_file, SPEC, num_workers=4, batch_size=32)
+
+
+def test_fingerprint_changes_when_a_data_file_is_rewritten(with_empty_file, tmp_path):
+    def fingerprint(**validation: str) -> str:
+        return prepare_parquet(with_empty_file, SPEC, num_workers=2, batch_size=10,
+                               **validation).fingerprint
+
+    first = fingerprint()
+    (tmp_path / "data" / "_SUCCESS").write_text("not data")
+    assert fingerprint() == first  # nothing read changed
+    part = tmp_path / "data" / "part-2.parquet"
+    stat = part.stat()
+    os.utime(part, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    touched = fingerprint()
+    assert touched != first  # same size, newer: it may hold other rows
+    _write(part, [30, 21], start=50)
+    assert fingerprint() not in (first, touched)
+
+    val = tmp_path / "val"
+    val.mkdir()
+    _write(val / "part-0.parquet", [10])
+    assert fingerprint(validation_url=f"file://{val}") != fingerprint()
