@@ -29,8 +29,8 @@ def _parser() -> argparse.ArgumentParser:
                                 "speed-up for N workers and each strategy")):
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument("preset", nargs="?", default=None,
-                       help="TOML preset: a path, or a name in ./conf (default: the built-in "
-                            "defaults, which are conf/digits.toml's)")
+                       help="TOML preset: a path, or a name in ./conf (default: the embedded "
+                            "default preset, the same as conf/digits.toml)")
         p.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="SECTION.KEY=VALUE", help="override a preset value (repeatable)")
         p.add_argument("--debug", action="store_true", help="show tracebacks")

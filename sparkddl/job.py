@@ -8,7 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from sparkddl.data import DataSpec, prepare
-from sparkddl.errors import StoreError
+from sparkddl.errors import ConfigError, StoreError
 from sparkddl.preset import JobConfig, redacted
 from sparkddl.sources import holdout_split, load_source
 from sparkddl.store import Store
@@ -59,23 +59,21 @@ def run_prepare(cfg: JobConfig) -> dict[str, Any]:
 
 def run_train(cfg: JobConfig) -> dict[str, Any]:
     from sparkddl.ml import TorchEstimator
-    from sparkddl.models import NamedModel
 
     out_dir = output_store(cfg)
     spark = spark_session(cfg)
     train_df, test_df = split_data(spark, cfg)
     t = cfg.train_config()
     est = TorchEstimator(
-        model=NamedModel(cfg.model.name, **cfg.model.kwargs),
-        optimizer=_optimizer(cfg), loss=cfg.loss.name, featuresCol=list(t.features),
-        labelCol=t.label, batchSize=t.batch_size, epochs=t.epochs, numWorkers=t.num_workers,
-        validation=t.validation, store=t.store, strategy=t.strategy.name,
+        model=_model(cfg), optimizer=_optimizer(cfg), loss=cfg.loss.name,
+        featuresCol=list(t.features), labelCol=t.label, batchSize=t.batch_size, epochs=t.epochs,
+        numWorkers=t.num_workers, validation=t.validation, store=t.store, strategy=t.strategy.name,
         strategyOptions=t.strategy.options, snapshotEvery=t.snapshot_every, bestBy=t.best_by,
         bestByMode=t.best_mode,
         earlyStoppingPatience=t.early_stopping_patience, finalWeights=t.final_weights,
         metrics=list(t.metrics) if t.metrics is not None else None, seed=t.seed,
-        shuffleBufferSize=t.shuffle_buffer, readerWorkers=t.reader_workers, reader=t.reader,
-        useGpu=t.use_gpu,
+        shuffleBufferSize=t.shuffle_buffer, readerWorkers=t.reader_workers,
+        readerPool=t.reader_pool, reader=t.reader, useGpu=t.use_gpu,
         timeout=t.timeout_s, progress=t.progress,
         featureShapes={k: list(v) for k, v in t.feature_shapes.items()},
         checkpointEvery=t.checkpoint_every, checkpointEverySteps=t.checkpoint_every_steps,
@@ -106,7 +104,14 @@ def run_evaluate(cfg: JobConfig, model_path: str | None = None) -> dict[str, Any
         model_path = out_dir.spark_url(out_dir.read_bytes(latest).decode().strip(), "model")
     spark = spark_session(cfg)
     _, test_df = split_data(spark, cfg)
-    model = TorchModel.load(model_path)
+    # the weights go into the preset's model: a factory function it names is called because
+    # the user's preset names it, not the saved file, so no trusted load is needed
+    try:
+        model = TorchModel.load(model_path, model=_model(cfg))
+    except RuntimeError as exc:  # load_state_dict: the weights do not fit that model
+        raise ConfigError(f"the model at {model_path} does not fit the preset's model "
+                          f"{cfg.model.name!r} with {cfg.model.kwargs}; evaluate with the preset "
+                          f"it was trained with ({' '.join(str(exc).split())[:300]})") from exc
     metrics = evaluate_model(model, test_df, cfg.data.label)
     print_metrics(model, metrics, None)
     return {"run_id": model.run_id, "metrics": metrics, "model": model_path}
@@ -116,14 +121,12 @@ def run_plan(cfg: JobConfig, workers: tuple[int, ...]) -> dict[str, Any]:
     """Calibrate on this cluster, predict epoch time and speed-up per strategy and worker
     count, print the table and write plan.json, plan.md and speedup.png."""
     from sparkddl import perfmodel
-    from sparkddl.models import NamedModel
 
     out_dir = output_store(cfg)
     spark = spark_session(cfg)
     train_df, _ = split_data(spark, cfg)
     cal, rows = perfmodel.run_calibration(
-        spark, train_df, NamedModel(cfg.model.name, **cfg.model.kwargs), _optimizer(cfg),
-        cfg.loss.name, cfg.train_config())
+        spark, train_df, _model(cfg), _optimizer(cfg), cfg.loss.name, cfg.train_config())
     preds = perfmodel.predictions(cal, rows, workers)
     stamp = time.strftime("plan-%Y%m%d-%H%M%S")
     md = perfmodel.table(preds)
@@ -134,6 +137,12 @@ def run_plan(cfg: JobConfig, workers: tuple[int, ...]) -> dict[str, Any]:
     print(md)
     print(f"\nplan: {out_dir.url(stamp)} (plan.json, plan.md, speedup.png)")
     return {"dir": out_dir.url(stamp), "predictions": preds, "calibration": cal}
+
+
+def _model(cfg: JobConfig) -> Any:
+    """The preset's model as a factory that saves by name (built-in or package.module:factory)."""
+    from sparkddl.models import NamedModel
+    return NamedModel(cfg.model.name, **cfg.model.kwargs)
 
 
 def _optimizer(cfg: JobConfig) -> Any:

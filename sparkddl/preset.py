@@ -2,11 +2,14 @@
 schema they are checked against (unknown keys and wrong types name the key and the options).
 
 A preset has the sections spark, data, model, optimizer, loss, train and output; see
-conf/digits.toml for every key.
+conf/digits.toml for every key. With no preset, jobs run the embedded default,
+sparkddl/presets/digits.toml (shipped in the package; conf/digits.toml is a copy of it).
 """
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import importlib.resources
 import re
 import tomllib
 import types
@@ -71,6 +74,7 @@ class TrainSection:
     store: str = "runs/store"
     shuffle_buffer: int = 10_000
     reader_workers: int = 2
+    reader_pool: str = "thread"
     reader: str = "auto"
     use_gpu: bool = False
     timeout_s: float | None = None
@@ -107,8 +111,8 @@ class JobConfig:
             early_stopping_patience=t.early_stopping_patience, final_weights=t.final_weights,
             metrics=tuple(t.metrics) if t.metrics is not None else None,
             feature_shapes={k: tuple(v) for k, v in d.feature_shapes.items()},
-            shuffle_buffer=t.shuffle_buffer, reader_workers=t.reader_workers, reader=t.reader,
-            use_gpu=t.use_gpu,
+            shuffle_buffer=t.shuffle_buffer, reader_workers=t.reader_workers,
+            reader_pool=t.reader_pool, reader=t.reader, use_gpu=t.use_gpu,
             timeout_s=t.timeout_s, strategy=StrategyConfig(t.strategy, dict(t.strategy_options)),
             progress=t.progress, checkpoint_every=t.checkpoint_every,
             checkpoint_every_steps=t.checkpoint_every_steps, keep_checkpoints=t.keep_checkpoints,
@@ -135,21 +139,40 @@ _FREE_FORM = {("spark", "conf"), ("model", "kwargs"), ("optimizer", "kwargs"),
               ("train", "strategy_options"), ("data", "feature_shapes")}
 
 
+DEFAULT_PRESET = "digits"
+
+
+def default_preset_text() -> str:
+    """The embedded default preset (sparkddl/presets/digits.toml, package data), used when
+    no preset is given, so that the defaults are the same wherever sparkddl is installed."""
+    resource = importlib.resources.files("sparkddl") / "presets" / f"{DEFAULT_PRESET}.toml"
+    return resource.read_text(encoding="utf-8")
+
+
 def load(path: str | Path | None, overrides: list[str] = ()) -> JobConfig:
-    """Read a preset (or start from the defaults) and apply ``section.key=value`` overrides."""
-    raw: dict[str, Any] = {}
-    if path is not None:
+    """Read a preset (or the embedded default) and apply ``section.key=value`` overrides."""
+    if path is None:
+        raw = _parse(default_preset_text(), "the embedded default preset")
+    else:
         p = Path(path)
         if not p.is_file():
             raise ConfigError(f"preset {str(path)!r} not found; presets live in conf/ "
                               "(e.g. conf/digits.toml)")
-        try:
-            raw = tomllib.loads(p.read_text())
-        except tomllib.TOMLDecodeError as exc:
-            raise ConfigError(f"preset {str(path)!r} is not valid TOML: {exc}") from None
+        raw = _parse(p.read_text(encoding="utf-8"), f"preset {str(path)!r}")
+        try:  # the file alone first, so that a typo in it names the file
+            from_dict(raw)
+        except ConfigError as exc:
+            raise ConfigError(f"preset {str(path)!r}: {exc}") from None
     for item in overrides:
         _apply_override(raw, item)
     return from_dict(raw)
+
+
+def _parse(text: str, what: str) -> dict[str, Any]:
+    try:
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ConfigError(f"{what} is not valid TOML: {exc}") from None
 
 
 def _apply_override(raw: dict[str, Any], item: str) -> None:
@@ -178,7 +201,8 @@ def from_dict(raw: dict[str, Any]) -> JobConfig:
     built = {}
     for name, values in raw.items():
         if name not in sections:
-            raise ConfigError(f"unknown section [{name}]; sections: {', '.join(sections)}")
+            raise ConfigError(f"unknown section [{name}]; sections: {', '.join(sections)}"
+                              f"{_did_you_mean(name, sections)}")
         if not isinstance(values, dict):
             raise ConfigError(f"[{name}] must be a table of keys")
         built[name] = _section(name, hints[name], values)
@@ -190,13 +214,18 @@ def _section(name: str, cls: type, values: dict[str, Any]) -> Any:
     for key, value in values.items():
         if key not in hints:
             raise ConfigError(f"unknown key '{name}.{key}'; keys of [{name}]: "
-                              f"{', '.join(hints)}")
+                              f"{', '.join(hints)}{_did_you_mean(key, hints)}")
         if not _matches(value, hints[key]):
             raise ConfigError(f"'{name}.{key}' must be {_describe(hints[key])}, got "
                               f"{value!r} ({type(value).__name__})")
         if (name, key) == ("data", "feature_shapes"):
             _check_shapes(value)
     return cls(**values)
+
+
+def _did_you_mean(name: str, valid: Any) -> str:
+    close = difflib.get_close_matches(name, list(valid), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
 
 
 def _check_shapes(shapes: dict[str, Any]) -> None:

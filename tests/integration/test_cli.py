@@ -7,6 +7,8 @@ from pathlib import Path
 import pytest
 
 from sparkddl.cli import main
+from sparkddl.errors import SparkDDLError
+from sparkddl.ml import TorchModel
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESET = str(ROOT / "conf" / "digits.toml")
@@ -46,6 +48,46 @@ def test_digits_preset_trains_evaluates_and_saves(spark_local, tmp_path, capsys)
     # prepare finds the data the train step materialized
     assert main(["prepare", PRESET, *outputs(tmp_path)]) == 0
     assert "reused (cache hit)" in capsys.readouterr().out
+
+
+FACTORY_PRESET = """\
+[model]
+name = "tests.integration.user_models:small_mlp"
+kwargs = { in_features = 64, num_classes = 10 }
+
+[optimizer]
+name = "adam"
+lr = 0.01
+
+[train]
+epochs = 2
+metrics = ["accuracy"]
+"""
+
+
+@pytest.mark.timeout(300)
+def test_evaluate_a_model_built_by_a_factory_function_without_trust(spark_local, tmp_path,
+                                                                    capsys):
+    preset = tmp_path / "factory.toml"
+    preset.write_text(FACTORY_PRESET)
+    assert main(["train", str(preset), *outputs(tmp_path)]) == 0
+    run = tmp_path / "out" / (tmp_path / "out" / "LATEST").read_text().strip()
+    trained = json.loads((run / "metrics.json").read_text())
+    # the saved file names a function, which an untrusted load from the file alone refuses
+    with pytest.raises(SparkDDLError, match=r"trusted=True"):
+        TorchModel.load(str(run / "model"))
+    capsys.readouterr()
+    # evaluate loads the weights into the preset's model instead: no trust needed
+    assert main(["evaluate", str(preset), *outputs(tmp_path)]) == 0
+    printed = capsys.readouterr().out
+    assert f"held-out accuracy           {trained['accuracy']:.4f}" in printed
+    assert trained["accuracy"] > 0.5 and trained["rows"] > 300
+    # a preset whose model does not fit the saved weights is a one-line error
+    assert main(["evaluate", str(preset), "--set", "model.kwargs.num_classes=12",
+                 *outputs(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "does not fit the preset's model 'tests.integration.user_models:small_mlp'" in err
+    assert len(err.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("args,message", [

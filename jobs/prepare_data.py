@@ -1,4 +1,5 @@
-"""spark-submit entry point: `spark-submit jobs/prepare.py [PRESET] [--set section.key=value ...]`
+"""spark-submit entry point:
+`spark-submit jobs/prepare_data.py [PRESET] [--set section.key=value ...]`
 (the same as `sparkddl prepare`)."""
 import sys
 
