@@ -125,7 +125,8 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
                                   config.features, config.label, best_by,
                                   best_mode(best_by, config.best_mode),
                                   config.early_stopping_patience, store, run_id)
-    progress = Progress(config.epochs, plan.steps_per_epoch, enabled=config.progress)
+    progress = Progress(config.epochs, plan.steps_per_epoch, enabled=config.progress,
+                        samples_per_step=config.batch_size * config.num_workers)
     log.info("fit %s: %d workers x batch %d, %d steps per epoch, %d epochs, strategy %s",
              run_id, config.num_workers, config.batch_size, plan.steps_per_epoch, config.epochs,
              config.strategy.name)
@@ -134,6 +135,7 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
     finally:
         progress.close()
         evaluated = evaluator.close()
+        _write_history(store, run_id, evaluated.history)
     if evaluated.errors:
         log.warning("fit %s: %d snapshot(s) could not be evaluated on the driver: %s", run_id,
                     len(evaluated.errors), "; ".join(evaluated.errors))
@@ -205,6 +207,9 @@ def _attempts(sc: Any, spec: TrainSpec, config: TrainConfig, store: Store,
                     "failure is shown)") from exc
             restarts.append(_restart(attempt, exc, store, spec, hook))
             hook.pending = restarts[-1]
+            # a lost executor is replaced by the cluster manager: wait for its slots here
+            # (Spark itself rechecks a barrier stage's slots only every 15 s)
+            preflight.check_slots(sc, config.num_workers)
     raise AssertionError("unreachable")
 
 
@@ -222,9 +227,13 @@ def _restart(attempt: int, exc: TrainingFailedError, store: Store, spec: TrainSp
     done_at_checkpoint = epoch * spec.plan.steps_per_epoch + step
     # a rank that reported its failure said exactly where it was; else: heartbeats
     reached = max([int(f.status.get("steps", 0)) for f in exc.failures] + [hook.steps])
+    reason = str(exc).splitlines()[0]
+    if exc.failures:  # the first failure is usually the cause
+        first = exc.failures[0]
+        reason = f"{reason} First: rank {first.rank}: {first.message}"[:1000]
     log.warning("attempt %d of run %s failed (%s); relaunching from %s", attempt, spec.run_id,
-                str(exc).splitlines()[0], f"epoch {epoch} step {step}" if latest else "the start")
-    return Restart(attempt, str(exc).splitlines()[0], epoch, step,
+                reason, f"epoch {epoch} step {step}" if latest else "the start")
+    return Restart(attempt, reason, epoch, step,
                    max(0, reached - done_at_checkpoint), time.monotonic())
 
 
@@ -246,6 +255,15 @@ def _record_run(store: Store, run_id: str, data: PreparedData, config: TrainConf
         raise ConfigError(f"run {run_id} cannot be resumed with a different setup ({what}); "
                           "use the same data, numWorkers and batchSize, or leave runId unset "
                           "to start a new run")
+
+
+def _write_history(store: Store, run_id: str, history: list[dict[str, Any]]) -> None:
+    """runs/<id>/history.json, also when the fit failed: what was evaluated so far."""
+    try:
+        store.write_bytes(store.run_url(run_id, "history.json"),
+                          json.dumps(history, indent=1, default=str).encode())
+    except Exception as exc:  # noqa: BLE001 - never mask the fit's own outcome
+        log.warning("could not write the history of run %s: %s", run_id, exc)
 
 
 def _choose(evaluated: EvaluationResult, final_weights: str, run_id: str) -> Any:

@@ -135,8 +135,29 @@ def failures_from_spark_error(text: str) -> list[RankFailure]:
     return [RankFailure(rank=rank, message=message, traceback=tb)]
 
 
+def unreported_failures(text: str, reported: list[RankFailure]) -> list[RankFailure]:
+    """The failure Spark's job error names, if its rank did not report one itself (its
+    process or executor died). A traceback in that text that is a reporting peer's own (Spark
+    quotes whichever Python error it saw) is not pinned on the silent rank."""
+    ranks = {f.rank for f in reported}
+    out = []
+    for failure in failures_from_spark_error(text):
+        if failure.rank in ranks:
+            continue
+        if failure.traceback and any(f.message and f.message in failure.traceback
+                                     for f in reported):
+            failure = RankFailure(failure.rank, _first_reason(text.split("PythonException:")[0]))
+        out.append(failure)
+    return out
+
+
 def _first_reason(text: str) -> str:
-    for line in text.splitlines():
-        if "Exception" in line or "exited" in line or "crashed" in line or "lost" in line.lower():
-            return line.strip()[:500]
-    return text.strip().splitlines()[0][:500] if text.strip() else "unknown failure"
+    """The most telling line: what happened to the task (its executor or Python worker died)
+    before any generic exception line such as Spark's "Job aborted"."""
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    for markers in (("ExecutorLostFailure", "exited", "crashed", "killed", "lost"),
+                    ("Exception", "Error")):
+        for line in lines:
+            if any(m in line or m in line.lower() for m in markers):
+                return line[:500]
+    return lines[0][:500] if lines else "unknown failure"

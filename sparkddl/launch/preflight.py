@@ -72,7 +72,7 @@ def check_slots(sc: Any, num_workers: int, wait_s: float = EXECUTOR_WAIT_S) -> i
         slots = task_slots(sc)
     if slots < num_workers:
         raise ClusterError(
-            f"num_workers={num_workers} but the cluster has {slots} free task slots "
+            f"num_workers={num_workers} but the cluster has {slots} task slots in all "
             f"({sc.master}); lower num_workers or add executors/cores")
     return slots
 

@@ -11,14 +11,14 @@ from typing import Any, Callable
 
 from sparkddl.channel.server import DriverChannel
 from sparkddl.errors import TrainingFailedError
-from sparkddl.launch.monitor import MessageHook, StageMonitor, failures_from_spark_error
+from sparkddl.launch.monitor import MessageHook, StageMonitor, unreported_failures
 from sparkddl.task.bootstrap import barrier_entry
 from sparkddl.task.spec import TaskSpec
 
 log = logging.getLogger(__name__)
 
 # after the first failure report, wait this long for the other ranks' reports
-FAILURE_GRACE_S = 0.5
+SILENT_RANK_GRACE_S = 3.0
 # how long to wait for Spark to wind the stage down after a cancel
 CANCEL_WAIT_S = 30.0
 
@@ -93,7 +93,10 @@ def _run(sc: Any, spec: TaskSpec, monitor: StageMonitor, timeout_s: float | None
                  time.monotonic() - started)
         return job.result or []
     spark_error = _error_text(job.error)
-    failures = list(monitor.failures.values()) or failures_from_spark_error(spark_error)
+    failures = list(monitor.failures.values())
+    # a rank that could not report (its process or executor died) is named from Spark's error;
+    # it is then the likely cause, and the reports of its peers' broken collectives follow
+    failures = unreported_failures(spark_error, failures) + failures
     raise TrainingFailedError(failures, spark_error=spark_error,
                               reason=reason or "the barrier stage failed")
 
@@ -114,10 +117,23 @@ def _wait(job: _Job, monitor: StageMonitor, timeout_s: float | None, started: fl
         monitor.wake.wait(remaining)
         monitor.wake.clear()
         if monitor.failures:
-            time.sleep(FAILURE_GRACE_S)
+            _grace(job, monitor, world)
             return "training failed"
         if job.finished.is_set():
             return ""
+
+
+def _grace(job: _Job, monitor: StageMonitor, world: int) -> None:
+    """After the first failure report, wait until every rank has reported or Spark has ended
+    the stage, at most SILENT_RANK_GRACE_S: peers report their broken collectives within
+    milliseconds, and a rank that stays silent (its process or executor died) is then named
+    from Spark's error instead of being missed."""
+    start = time.monotonic()
+    while not job.finished.is_set() and len(monitor.failures) < world:
+        waited = time.monotonic() - start
+        if waited >= SILENT_RANK_GRACE_S:
+            return
+        job.finished.wait(min(0.05, SILENT_RANK_GRACE_S - waited))
 
 
 def _error_text(error: BaseException | None) -> str:

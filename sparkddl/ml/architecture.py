@@ -3,13 +3,15 @@
 Loading pickled code runs it, and so does calling a factory function a file names, so both
 happen only when asked for explicitly: ``TorchModel.load(path, trusted=True)`` or inside
 ``with sparkddl.ml.trusted_loading():``. A torch.nn.Module class named by import (the
-built-in models, a user's model class) is rebuilt without trust;
+built-in models, a user's model class whose module is already imported: importing a module
+runs it) is rebuilt without trust;
 ``TorchModel.load(path, model=MyNet())`` needs nothing.
 """
 from __future__ import annotations
 
 import contextlib
 import importlib
+import sys
 import threading
 from typing import Any, Callable, Iterator
 
@@ -71,6 +73,15 @@ def rebuild(arch: dict[str, Any], pickled: Callable[[], bytes], where: str) -> A
         import torch.nn as nn
 
         from sparkddl.models import import_target
+        module_name = str(arch["target"]).partition(":")[0]
+        if not is_trusted() and module_name.split(".")[0] != "sparkddl" and \
+                module_name not in sys.modules:
+            raise SparkDDLError(
+                f"the model saved at {where} is rebuilt from {arch['target']!r}, and module "
+                f"{module_name!r} is not imported yet; importing it runs its code. Import it "
+                "yourself first, pass the module to load the weights into "
+                "(TorchModel.load(path, model=MyNet())), or, for files you trust, "
+                "TorchModel.load(path, trusted=True)")
         target = import_target(arch["target"])
         if not is_trusted() and not (isinstance(target, type) and issubclass(target, nn.Module)):
             raise SparkDDLError(

@@ -81,6 +81,8 @@ class HasTorchEstimatorParams(HasTorchModelParams):
                                TypeConverters.toInt)
     readerWorkers = _param("readerWorkers", "threads reading Parquet ahead on each worker",
                            TypeConverters.toInt)
+    readerPool = _param("readerPool", "how each worker reads ahead: thread (readerWorkers "
+                        "threads) or dummy (inline, no threads)", TypeConverters.toString)
     reader = _param("reader", "Parquet reader: auto (Petastorm where it loads, else Arrow), "
                     "petastorm or arrow", TypeConverters.toString)
     useGpu = _param("useGpu", "train on the GPUs Spark assigns to the tasks",
@@ -107,7 +109,7 @@ class HasTorchEstimatorParams(HasTorchModelParams):
                          validation=None, store="file:///tmp/sparkddl", strategy="allreduce",
                          strategyOptions={}, snapshotEvery=1, bestBy=None, bestByMode="auto",
                          earlyStoppingPatience=0, finalWeights="best", learningRate=None,
-                         seed=0, shuffleBufferSize=10_000, readerWorkers=2, reader="auto",
-                         useGpu=False,
+                         seed=0, shuffleBufferSize=10_000, readerWorkers=2, readerPool="thread",
+                         reader="auto", useGpu=False,
                          timeout=None, progress=True, checkpointEvery=1, checkpointEverySteps=0,
                          keepCheckpoints=3, maxRestarts=2, runId=None, watchdogTimeout=900.0)

@@ -4,7 +4,11 @@ Layout under a store root::
 
     data/<fingerprint>/{train,val}/part-*.parquet   materialized training data (reused)
     data/<fingerprint>/meta.json                    written last: marks the data complete
-    runs/<run_id>/checkpoints/ snapshots/ history.json logs/
+    runs/<run_id>/run.json                          what the run trains on (checked on resume)
+    runs/<run_id>/history.json                      the history, written when the fit ends or fails
+    runs/<run_id>/checkpoints/ snapshots/           checkpoints; snapshots too large for the channel
+
+Rank logs are forwarded to the driver's log as they happen; they are not kept in the Store.
 """
 from __future__ import annotations
 

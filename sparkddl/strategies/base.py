@@ -28,14 +28,16 @@ class Strategy:
     """How replicas are kept in agreement.
 
     The training loop calls ``wrap`` once, then per step ``loss.backward()`` followed by
-    ``step(optimizer)``, ``end_epoch()`` after each epoch, and ``finalize`` before the final
-    weights are taken. ``OPTIONS`` declares every option with its default. ``state_dict``
+    ``step(optimizer)``, ``end_epoch()`` after each epoch, ``snapshot_state`` for a snapshot
+    taken during training, and ``finalize`` before the final weights are taken. ``OPTIONS`` declares every option with its default. ``state_dict``
     holds tensors and plain values only (loadable with ``torch.load(weights_only=True)``);
     restore it with ``load_state_dict`` after ``wrap``.
     """
 
     name: ClassVar[str] = ""
     OPTIONS: ClassVar[dict[str, Any]] = {}
+    # True where replicas hold different models between synchronizations (model averaging)
+    replicas_differ: ClassVar[bool] = False
 
     def __init__(self, **options: Any):
         unknown = sorted(set(options) - set(self.OPTIONS))
@@ -89,6 +91,25 @@ class Strategy:
 
     def finalize(self, module: Any) -> None:
         """Make every replica hold the model users expect at the end of training."""
+
+    def snapshot_state(self, module: Any) -> dict[str, Any]:
+        """The model to hand to the driver during training (every rank calls it).
+
+        Where replicas differ, the mean of the replicas, averaged on copies so training
+        itself is untouched; otherwise the module's own state."""
+        state = module.state_dict()
+        if not self.replicas_differ:
+            return state
+        import torch
+
+        from sparkddl.strategies.tensors import average_, model_state
+
+        with torch.no_grad():
+            shared = model_state(module)
+            copies = [t.detach().clone() for t in shared]
+            average_(copies, self.comm)
+            mean = {(t.data_ptr(), tuple(t.shape)): c for t, c in zip(shared, copies)}
+        return {k: mean.get((v.data_ptr(), tuple(v.shape)), v) for k, v in state.items()}
 
     def state_dict(self) -> dict[str, Any]:
         return {}

@@ -24,6 +24,7 @@ from sparkddl.strategies.tensors import (average_, broadcast_module, model_state
 
 class DynamicAveraging(Strategy):
     name = "dynamic_averaging"
+    replicas_differ = True
     OPTIONS = {"threshold": 0.1, "check_every": 8}
 
     def __init__(self, **options: Any):

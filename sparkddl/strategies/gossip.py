@@ -39,6 +39,7 @@ def peer_offsets(topology: str, world: int) -> list[int]:
 
 class Gossip(Strategy):
     name = "gossip"
+    replicas_differ = True
     OPTIONS = {"topology": "ring"}
 
     def __init__(self, **options: Any):

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 class LocalSGD(Strategy):
     name = "local_sgd"
+    replicas_differ = True
     OPTIONS = {"period": 8, "warmup_steps": 0, "average_optimizer_state": False}
 
     def __init__(self, **options: Any):

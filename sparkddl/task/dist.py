@@ -7,24 +7,28 @@ from datetime import timedelta
 from sparkddl.errors import ClusterError, ConfigError
 from sparkddl.task import context
 
-BACKENDS = ("gloo", "nccl")
+# on GPU, NCCL for CUDA tensors and gloo for the CPU tensors the library itself exchanges
+# (checkpoint state, step counts): a plain "nccl" group refuses CPU tensors
+GPU_BACKEND = "cpu:gloo,cuda:nccl"
+BACKENDS = ("gloo", "nccl", GPU_BACKEND)
 
 
 def init_process_group(backend: str | None = None, timeout_s: float | None = None) -> str:
     """Initialize the default process group for the calling rank and return its backend.
 
-    ``backend`` defaults to NCCL when the run asked for GPUs and gloo otherwise. On GPU the
-    rank's CUDA device is selected first. Does nothing if a group already exists.
+    ``backend`` defaults to NCCL when the run asked for GPUs (as ``cpu:gloo,cuda:nccl``, so
+    CPU tensors can be exchanged too) and gloo otherwise. On GPU the rank's CUDA device is
+    selected first. Does nothing if a group already exists.
     """
     import torch
     import torch.distributed as dist
 
     if dist.is_initialized():
         return str(dist.get_backend())
-    backend = backend or ("nccl" if _use_gpu() else "gloo")
+    backend = backend or default_backend(_use_gpu())
     if backend not in BACKENDS:
         raise ConfigError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
-    if backend == "nccl":
+    if "nccl" in backend:
         if not torch.cuda.is_available():
             raise ClusterError(
                 "the NCCL backend needs CUDA but torch sees no GPU on this executor "
@@ -35,6 +39,10 @@ def init_process_group(backend: str | None = None, timeout_s: float | None = Non
         timeout_s = context.current().collective_timeout_s if context.is_active() else 1800.0
     dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     return backend
+
+
+def default_backend(use_gpu: bool) -> str:
+    return GPU_BACKEND if use_gpu else "gloo"
 
 
 # CUDA_VISIBLE_DEVICES when CUDA was first initialized in this process: Spark reuses Python

@@ -77,7 +77,10 @@ def train(spec: TrainSpec) -> dict[str, Any]:
         if epoch % spec.snapshot_every == 0 or last:
             if last:
                 run.strategy.finalize(run.module)
-            run.reporter.snapshot(epoch, run.module.state_dict(), final=last)
+                state = run.module.state_dict()
+            else:  # replicas that may differ are averaged (on copies) for the snapshot
+                state = run.strategy.snapshot_state(run.module)
+            run.reporter.snapshot(epoch, state, final=last)
         if spec.checkpoint_every and epoch % spec.checkpoint_every == 0 and not last:
             run.checkpoint(epoch, 0, _zeros(run))
         if stopped:
@@ -105,6 +108,8 @@ def _epoch(run: _Run, epoch: int) -> tuple[dict[str, Any], bool]:
     torch.manual_seed(hash((spec.seed, epoch, ctx.rank)) % (2**63))  # dropout etc.
     if run.saved is not None and epoch == run.pos.epoch and skip:
         torch.set_rng_state(run.saved["rng"])
+        if "cuda_rng" in run.saved and run.dev.type == "cuda":
+            torch.cuda.set_rng_state(run.saved["cuda_rng"], run.dev)
     start = time.perf_counter()
     run.mark("reading data", epoch, 0)
     # closed on every path: a failing step must not leave reader threads behind

@@ -29,6 +29,8 @@ def save(spec: Any, ctx: context.RankContext, module: Any, optimizer: Any, strat
 
     mine = {"strategy": strategy.state_dict(), "rng": torch.get_rng_state(),
             "sums": sums.detach().cpu().clone()}
+    if sums.is_cuda:  # dropout on the GPU draws from the device's generator
+        mine["cuda_rng"] = torch.cuda.get_rng_state(sums.device)
     everyone = gather_to_chief(mine, ctx)
     if everyone is None:
         return

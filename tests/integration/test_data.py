@@ -119,6 +119,19 @@ def test_vector_array_and_scalar_columns_arrive_as_tensors(spark_local, tmp_path
 
 
 @pytest.mark.timeout(180)
+def test_tiny_data_for_many_workers_still_gives_every_rank_several_row_groups(spark_local,
+                                                                             tmp_path):
+    from sparkddl.data.materialize import MIN_GROUPS_PER_RANK, min_row_groups
+    df = spark_local.range(64).selectExpr("cast(id as float) as x").coalesce(1)
+    prepared = prepare(df, DataSpec.of("x"), num_workers=8, batch_size=2, store=tmp_path)
+    groups = prepared.train.row_groups
+    assert len(groups) >= min_row_groups(8) >= 8 * MIN_GROUPS_PER_RANK
+    assert min(groups) >= 1 and sum(groups) == 64
+    plan = prepared.train.plan(8, 2)
+    assert not plan.stride and plan.steps_per_epoch >= 3  # every rank reads its own groups
+
+
+@pytest.mark.timeout(180)
 def test_second_materialization_is_a_cache_hit(spark_local, tmp_path, caplog):
     src = tmp_path / "src"
     spark_local.range(500).selectExpr("id", "cast(id as float) as x").write.parquet(str(src))

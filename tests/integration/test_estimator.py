@@ -99,6 +99,28 @@ def test_cross_validator_over_two_learning_rates(digits, tmp_path):
     assert isinstance(model.bestModel, TorchModel)
 
 
+@pytest.mark.timeout(400)
+def test_train_validation_split_and_custom_output_columns(digits, tmp_path):
+    from pyspark.ml.evaluation import MulticlassClassificationEvaluator
+    from pyspark.ml.tuning import TrainValidationSplit
+    train, test = digits
+    est = estimator(tmp_path, epochs=2, validation=None, predictionCol="digit",
+                    probabilityCol="p", rawPredictionCol="logits")
+    grid = ParamGridBuilder().addGrid(est.learningRate, [1e-6, 3e-3]).build()
+    evaluator = MulticlassClassificationEvaluator(metricName="accuracy", predictionCol="digit")
+    tvs = TrainValidationSplit(estimator=est, estimatorParamMaps=grid, evaluator=evaluator,
+                               trainRatio=0.75, seed=3)
+    model = tvs.fit(train)
+    assert len(model.validationMetrics) == 2
+    assert model.validationMetrics[1] > model.validationMetrics[0] + 0.3
+    best = model.bestModel
+    assert isinstance(best, TorchModel)
+    out = best.transform(test)
+    assert {"digit", "p", "logits"} <= set(out.columns)
+    assert not {"prediction", "probability", "rawPrediction"} & set(out.columns)
+    assert evaluator.evaluate(out) > 0.8
+
+
 def shifted_regression(spark):
     """Train rows: y = 2x; validation rows: y = x. From w = 0 the weight walks towards 2, so
     validation loss falls until w passes 1 and rises after: the best snapshot is not the last."""

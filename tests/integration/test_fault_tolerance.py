@@ -45,10 +45,23 @@ class FailingLoss(torch.nn.Module):
             Path(self.marker).touch()
             if self.how == "exit":
                 os._exit(3)
+            if self.how == "kill-executor":
+                kill_executor_jvm()
             if self.how == "hang":
                 time.sleep(3600)
             raise RuntimeError(f"injected failure at step {self.at_step}")
         return torch.nn.functional.cross_entropy(output, label)
+
+
+def kill_executor_jvm() -> None:
+    """SIGKILL the executor JVM this Python worker runs under (worker <- daemon <- JVM)."""
+    pid = os.getppid()
+    while pid > 1:
+        if b"CoarseGrainedExecutorBackend" in Path(f"/proc/{pid}/cmdline").read_bytes():
+            os.kill(pid, signal.SIGKILL)
+            time.sleep(3600)  # this worker goes down with its executor
+        pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    raise AssertionError("no executor JVM above this Python worker")
 
 
 def estimator(tmp_path, loss, **params) -> TorchEstimator:
@@ -77,6 +90,21 @@ def test_a_failed_rank_is_restarted_from_the_checkpoint(spark_local, tmp_path, h
     assert 0 < restart["steps_redone"] <= 5 + 2  # heartbeats are up to a second stale
     assert restart["recovery_s"] is not None and restart["recovery_s"] < 60
     assert [r["attempt"] for r in model.history] == [0, 0, 1, 1]
+
+
+@pytest.mark.timeout(300)
+def test_a_lost_executor_is_restarted_from_the_checkpoint(spark_cluster, tmp_path):
+    """local-cluster: rank 1's whole executor JVM is killed; its worker starts a new one."""
+    marker = tmp_path / "marker"
+    loss = FailingLoss(str(marker), at_step=2 * STEPS + 5, how="kill-executor")
+    model = estimator(tmp_path, loss).fit(digits_df(spark_cluster))
+    assert marker.exists()
+    assert_complete(model)
+    [restart] = model.restarts
+    assert restart["resumed_from_epoch"] == 2 and restart["resumed_from_step"] == 0
+    assert [r["attempt"] for r in model.history] == [0, 0, 1, 1]
+    # the silent rank is named from Spark's error, ahead of its peer's broken allreduce
+    assert "First: rank 1: ExecutorLostFailure" in restart["reason"], restart["reason"]
 
 
 @pytest.mark.timeout(300)

@@ -1,6 +1,8 @@
 """Model, optimizer, loss, metric and architecture handling on the driver (no Spark)."""
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 import pytest
 import torch
@@ -130,3 +132,10 @@ def test_saved_import_targets_must_be_module_classes_unless_trusted():
         rebuild(factory, no_pickle, "here")
     with trusted_loading():
         assert isinstance(rebuild(factory, no_pickle, "here"), MLP)
+    # a module not imported yet is not imported on the file's word: that runs its code
+    assert "this_module_is_not_imported" not in sys.modules
+    unimported = {"kind": "import", "target": "this_module_is_not_imported:Net", "kwargs": {}}
+    with pytest.raises(SparkDDLError, match=r"module 'this_module_is_not_imported' is not "
+                                            r"imported yet.*model=MyNet\(\)"):
+        rebuild(unimported, no_pickle, "here")
+    assert "this_module_is_not_imported" not in sys.modules

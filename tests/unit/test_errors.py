@@ -1,5 +1,5 @@
 from sparkddl.errors import RankFailure, TrainingFailedError
-from sparkddl.launch.monitor import failures_from_spark_error
+from sparkddl.launch.monitor import failures_from_spark_error, unreported_failures
 
 
 def test_failure_message_lists_first_failure_first_with_tracebacks():
@@ -33,3 +33,29 @@ def test_crashed_worker_text():
             "org.apache.spark.SparkException: Python worker exited unexpectedly (crashed)")
     [failure] = failures_from_spark_error(text)
     assert failure.rank == 0 and "exited unexpectedly" in failure.message
+
+
+EXECUTOR_LOST = """org.apache.spark.SparkException: Job aborted due to stage failure: Could not recover \
+from a failed barrier ResultStage. Most recent failure reason: Stage failed because barrier task \
+ResultTask(6, 1) finished unsuccessfully.
+ExecutorLostFailure (executor 0 exited caused by one of the running tasks) Reason: Command exited \
+with code 137
+"""
+
+
+def test_a_rank_whose_executor_died_is_named_first_with_what_spark_saw():
+    peer = RankFailure(0, "RuntimeError: Connection closed by peer", "Traceback ...")
+    [lost] = unreported_failures(EXECUTOR_LOST, [peer])
+    assert lost.rank == 1 and lost.message.startswith("ExecutorLostFailure (executor 0 exited")
+    assert str(TrainingFailedError([lost, peer])).splitlines()[1].startswith(
+        "--- rank 1 (first to fail): ExecutorLostFailure")
+    assert unreported_failures(EXECUTOR_LOST, [peer, RankFailure(1, "x")]) == []
+
+
+def test_a_peers_traceback_quoted_by_spark_is_not_pinned_on_the_silent_rank():
+    peer = RankFailure(0, "ZeroDivisionError: division by zero", "Traceback ...")
+    [silent] = unreported_failures(SPARK_TEXT, [peer])
+    assert silent.rank == 1 and silent.traceback == ""
+    assert "ZeroDivisionError" not in silent.message
+    [alone] = unreported_failures(SPARK_TEXT, [])  # nobody reported: Spark's traceback is its
+    assert alone.rank == 1 and alone.message == "ZeroDivisionError: division by zero"

@@ -91,3 +91,10 @@ def test_gpu_index_in_a_reused_worker_follows_what_cuda_saw_first():
     with pytest.raises(ClusterError, match=r"assigned GPU 3 .* saw only GPUs 0,1; set "
                                            r"spark.python.worker.reuse=false"):
         device_index("3", cuda_initialized=True, visible_at_init="0,1")
+
+
+def test_gpu_process_group_also_carries_cpu_tensors():
+    """Checkpoint state and step counts are CPU tensors: a plain "nccl" group refuses them."""
+    from sparkddl.task.dist import BACKENDS, default_backend
+    assert default_backend(False) == "gloo"
+    assert default_backend(True) == "cpu:gloo,cuda:nccl" and default_backend(True) in BACKENDS

@@ -43,7 +43,8 @@ def _regression(rank: int, steps: int, batch: int) -> list[tuple[torch.Tensor, t
 
 
 def _fit(strategy: Any, module: nn.Module, batches: list, lrs: list[float],
-         momentum: float = 0.0, pause_s: float = 0.0, trace: list | None = None) -> list[dict]:
+         momentum: float = 0.0, pause_s: float = 0.0, trace: list | None = None,
+         probe: dict | None = None) -> list[dict]:
     """The training loop's calls, one epoch per learning rate; one row per epoch."""
     model = strategy.wrap(module)
     optimizer = torch.optim.SGD(module.parameters(), lr=lrs[0], momentum=momentum)
@@ -61,6 +62,12 @@ def _fit(strategy: Any, module: nn.Module, batches: list, lrs: list[float],
             if trace is not None:
                 trace.append(list(strategy.clocks))
         rows.append({"loss": sum(losses) / len(losses), **strategy.end_epoch()})
+    if probe is not None:  # a snapshot taken during training, as the loop takes it
+        local = _flat(module).clone()
+        snap = strategy.snapshot_state(module)
+        probe.update(local=local, untouched=torch.equal(local, _flat(module)),
+                     snapshot=torch.cat([snap[n].reshape(-1)
+                                         for n, _ in module.named_parameters()]))
     strategy.finalize(module)
     return rows
 
@@ -92,9 +99,10 @@ def _run(name: str, options: dict, rank: int, lrs: list[float], steps: int = 16,
          **fit: Any) -> dict:
     strategy = strategies.create(name, options)
     module = _mlp()
-    rows = _fit(strategy, module, _regression(rank, steps, 8), lrs, **fit)
+    probe: dict = {}
+    rows = _fit(strategy, module, _regression(rank, steps, 8), lrs, probe=probe, **fit)
     return {"rows": rows, "params": _flat(module), "roundtrip": _roundtrip(strategy),
-            "state": strategy.state_dict()}
+            "state": strategy.state_dict(), "probe": probe}
 
 
 # ---- rank functions (one spawn each) ----
@@ -312,6 +320,19 @@ def test_model_averaging_trains_and_finalize_agrees(averaging, label):
     assert not torch.equal(runs[0]["params"], _flat(_mlp()))
     torch.testing.assert_close(runs[0]["params"], runs[1]["params"], rtol=0, atol=1e-7)
     assert all(r["roundtrip"] for r in runs)
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+@pytest.mark.parametrize("label", ["local_sgd", "dynamic_never", "gossip_ring"])
+def test_snapshots_during_training_are_the_mean_of_the_replicas(averaging, label):
+    probes = [r[label]["probe"] for r in averaging]
+    assert not torch.allclose(probes[0]["local"], probes[1]["local"])  # replicas differ here
+    mean = (probes[0]["local"] + probes[1]["local"]) / 2
+    for probe in probes:
+        assert probe["untouched"]  # averaged on copies: training goes on from its replica
+        torch.testing.assert_close(probe["snapshot"], mean, rtol=0, atol=1e-6)
+    if label != "gossip_ring":  # no step between the probe and finalize's average
+        torch.testing.assert_close(averaging[0][label]["params"], mean, rtol=0, atol=1e-6)
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)

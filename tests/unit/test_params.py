@@ -1,0 +1,52 @@
+"""TorchEstimator's Params as pyspark.ml users meet them (no Spark session needed)."""
+from __future__ import annotations
+
+import torch
+
+from sparkddl import TorchEstimator
+
+
+def _estimator(**params):
+    return TorchEstimator(model=torch.nn.Linear(4, 2), optimizer="adam",
+                          loss=torch.nn.CrossEntropyLoss(), **params)
+
+
+def test_explain_params_documents_every_param_with_its_default():
+    est = _estimator(epochs=3)
+    text = est.explainParams()
+    for param in est.params:
+        assert f"{param.name}: {param.doc}" in text
+    assert "current: 3" in text.split("epochs:")[1].splitlines()[0]
+    assert "default: 2" in text.split("numWorkers:")[1].splitlines()[0]
+
+
+def test_copy_with_extra_params_leaves_the_original_alone():
+    est = _estimator(epochs=3, readerPool="dummy")
+    other = est.copy({est.epochs: 7, est.learningRate: 0.5})
+    assert other.uid == est.uid and other is not est
+    assert other.getOrDefault("epochs") == 7 and est.getOrDefault("epochs") == 3
+    assert other.train_config().learning_rate == 0.5 and est.train_config().learning_rate is None
+    assert other.getOrDefault("model") is est.getOrDefault("model")  # the same module object
+    assert other.train_config().reader_pool == "dummy"
+
+
+def test_every_param_reaches_the_training_config():
+    """A Param that exists is honoured: changing any one changes the config fit() uses."""
+    base = _estimator().train_config()
+    changed = {"batchSize": 7, "epochs": 5, "numWorkers": 3, "validation": 0.3,
+               "store": "file:///tmp/elsewhere", "strategy": "local_sgd",
+               "strategyOptions": {"period": 2}, "snapshotEvery": 2, "bestBy": "val_loss",
+               "bestByMode": "min", "earlyStoppingPatience": 4, "finalWeights": "last",
+               "learningRate": 0.1, "seed": 9, "shuffleBufferSize": 5, "readerWorkers": 4,
+               "readerPool": "dummy", "reader": "arrow", "useGpu": True, "timeout": 60,
+               "progress": False, "checkpointEvery": 2, "checkpointEverySteps": 10,
+               "keepCheckpoints": 5, "maxRestarts": 0, "runId": "r1", "watchdogTimeout": 30.0,
+               "featuresCol": "f", "labelCol": "y", "metrics": ["mse"],
+               "featureShapes": {"f": [2, 2]}}
+    # the rest are passed to fit() directly (model, optimizer, loss) or used by the TorchModel
+    elsewhere = {"model", "optimizer", "loss", "predictionCol", "probabilityCol",
+                 "rawPredictionCol", "inferenceBatchSize"}
+    assert set(changed) | elsewhere == {p.name for p in _estimator().params}
+    for name, value in changed.items():
+        config = _estimator(**{name: value}).train_config()
+        assert config != base, f"{name} is accepted but does not reach the config"
