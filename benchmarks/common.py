@@ -135,6 +135,9 @@ def _rank_main(rank: int, world: int, port: int, out: str, fn: Callable[..., obj
     dist.init_process_group("gloo", rank=rank, world_size=world)
     try:
         result = fn(*args)
+        # both ranks leave together: a gloo group torn down while its peer is still sending
+        # can abort the peer ("terminate called without an active exception", seen once)
+        dist.barrier()
     finally:
         dist.destroy_process_group()
     if rank == 0:
