@@ -90,7 +90,7 @@ def read_first_batch(plan) -> dict:
 
 
 @pytest.mark.timeout(180)
-def test_vector_array_and_scalar_columns_arrive_as_tensors(spark_local, tmp_path):
+def test_vector_array_and_scalar_columns_arrive_as_tensors(spark, tmp_path):
     from pyspark.ml.linalg import Vectors, VectorUDT
     from pyspark.sql.types import (ArrayType, DoubleType, IntegerType, LongType, StructField,
                                    StructType)
@@ -100,11 +100,11 @@ def test_vector_array_and_scalar_columns_arrive_as_tensors(spark_local, tmp_path
                          StructField("arr", ArrayType(DoubleType())),
                          StructField("iarr", ArrayType(IntegerType())),
                          StructField("s", DoubleType()), StructField("label", IntegerType())])
-    df = spark_local.createDataFrame(rows, schema)
+    df = spark.createDataFrame(rows, schema)
     spec = DataSpec.of(["vec", "arr", "iarr", "s"], "label", "id", shapes={"arr": (1, 2)})
     prepared = prepare(df, spec, num_workers=2, batch_size=8, store=tmp_path / "store")
     plan = prepared.train.plan(2, 8)
-    batch = sparkddl.run(read_first_batch, plan, num_workers=2, spark=spark_local)
+    batch = sparkddl.run(read_first_batch, plan, num_workers=2, spark=spark)
     assert batch["vec"].dtype == torch.float32 and batch["vec"].shape == (8, 3)
     assert batch["arr"].dtype == torch.float32 and batch["arr"].shape == (8, 1, 2)
     assert batch["iarr"].dtype == torch.float32 and batch["iarr"].shape == (8, 2)

@@ -214,12 +214,12 @@ def test_bad_num_workers(spark_local, bad):
         sparkddl.run(allreduce_sum, 1.0, num_workers=bad, spark=spark_local)
 
 
-def test_use_gpu_without_gpu_resources(spark_local):
+def test_use_gpu_without_gpu_resources(spark):
     with pytest.raises(ClusterError, match="use_gpu=True but no GPU task resources"):
-        sparkddl.run(allreduce_sum, 1.0, num_workers=2, use_gpu=True, spark=spark_local)
+        sparkddl.run(allreduce_sum, 1.0, num_workers=2, use_gpu=True, spark=spark)
 
 
-def test_unpicklable_closure_is_named(spark_local):
+def test_unpicklable_closure_is_named(spark):
     lock = threading.Lock()
 
     def uses_lock() -> None:
@@ -228,23 +228,23 @@ def test_unpicklable_closure_is_named(spark_local):
 
     with pytest.raises(ConfigError, match=r"variable 'lock' that .*uses_lock closes over "
                                           r"\(lock\) cannot be pickled"):
-        sparkddl.run(uses_lock, num_workers=2, spark=spark_local)
+        sparkddl.run(uses_lock, num_workers=2, spark=spark)
 
 
-def test_closing_over_the_session_is_named(spark_local):
-    session = spark_local
+def test_closing_over_the_session_is_named(spark):
+    session = spark
 
     def uses_session() -> int:
         return session.range(3).count()
 
     with pytest.raises(ConfigError, match=r"variable 'session'.*\(SparkSession\)"):
-        sparkddl.run(uses_session, num_workers=2, spark=spark_local)
+        sparkddl.run(uses_session, num_workers=2, spark=spark)
 
 
-def test_default_num_workers_uses_every_slot(spark_local):
+def test_default_num_workers_uses_every_slot(spark):
     def world() -> str:
         return os.environ["WORLD_SIZE"]
-    assert sparkddl.run(world, spark=spark_local) == "2"
+    assert sparkddl.run(world, spark=spark) == "2"
 
 
 def raise_huge() -> None:
