@@ -109,6 +109,8 @@ def run_evaluate(cfg: JobConfig, model_path: str | None = None) -> dict[str, Any
     try:
         model = TorchModel.load(model_path, model=_model(cfg))
     except RuntimeError as exc:  # load_state_dict: the weights do not fit that model
+        if "state_dict" not in str(exc):
+            raise
         raise ConfigError(f"the model at {model_path} does not fit the preset's model "
                           f"{cfg.model.name!r} with {cfg.model.kwargs}; evaluate with the preset "
                           f"it was trained with ({' '.join(str(exc).split())[:300]})") from exc

@@ -140,8 +140,8 @@ class DriverChannel:
                 self._dispatch(Message(conn.rank, header, payload, reply))
         except protocol.ProtocolError as exc:
             self._reject(conn, exc)
-        except OSError:
-            pass  # the rank closed its end: normal at the end of a task
+        except OSError:  # the rank closed its end: normal at the end of a task, after "done"
+            self._dispatch(Message(conn.rank, {"type": "closed"}))
         finally:
             with self._lock:
                 if conn in self._conns:

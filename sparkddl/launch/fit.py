@@ -15,7 +15,7 @@ from sparkddl.channel.server import Message
 from sparkddl.config import TrainConfig
 from sparkddl.data import DataSpec, PreparedData, prepare
 from sparkddl.data.local import read_rows
-from sparkddl.errors import ConfigError, TrainingFailedError
+from sparkddl.errors import ClusterError, ConfigError, TrainingFailedError
 from sparkddl.launch import preflight
 from sparkddl.launch.checks import TaskInfo, check_sample
 from sparkddl.launch.evaluation import EvaluationResult, SnapshotEvaluator
@@ -207,10 +207,23 @@ def _attempts(sc: Any, spec: TrainSpec, config: TrainConfig, store: Store,
                     "failure is shown)") from exc
             restarts.append(_restart(attempt, exc, store, spec, hook))
             hook.pending = restarts[-1]
-            # a lost executor is replaced by the cluster manager: wait for its slots here
-            # (Spark itself rechecks a barrier stage's slots only every 15 s)
-            preflight.check_slots(sc, config.num_workers)
+            _wait_for_slots(sc, config, started)
     raise AssertionError("unreachable")
+
+
+RELAUNCH_SLOT_WAIT_S = 120.0
+
+
+def _wait_for_slots(sc: Any, config: TrainConfig, started: float) -> None:
+    """A lost executor is replaced by the cluster manager: wait for its slots before the
+    relaunch (Spark rechecks a barrier stage's slots only every 15 s). If they do not come in
+    time, relaunch anyway: Spark keeps waiting for them itself, and the attempt still counts."""
+    remaining = _remaining(config.timeout_s, started)
+    wait_s = RELAUNCH_SLOT_WAIT_S if remaining is None else min(remaining, RELAUNCH_SLOT_WAIT_S)
+    try:
+        preflight.check_slots(sc, config.num_workers, wait_s=wait_s)
+    except ClusterError as exc:
+        log.warning("relaunching although %s", exc)
 
 
 def _remaining(timeout_s: float | None, started: float) -> float | None:

@@ -41,6 +41,20 @@ class StageMonitor:
         self._lock = threading.Lock()
         self.beats: dict[int, Beat] = {}
         self._first_beat: float | None = None
+        self.done: set[int] = set()  # ranks that finished their function
+        self.closed: dict[int, float] = {}  # rank -> when its connection closed
+
+    def died_silently(self, before: float) -> list[int]:
+        """Ranks whose connection closed before ``before`` without a "done" or a failure
+        report: their Python worker or executor died."""
+        with self._lock:
+            return sorted(r for r, at in self.closed.items()
+                          if at <= before and r not in self.done and r not in self.failures)
+
+    def accounted(self) -> int:
+        """Ranks that reported a failure or died silently."""
+        with self._lock:
+            return len(set(self.failures) | (set(self.closed) - self.done))
 
     def handle(self, msg: Message) -> None:
         if msg.type in ("hello", "rendezvous"):
@@ -55,10 +69,16 @@ class StageMonitor:
                     host=str(msg.header.get("host", "")),
                     status=dict(msg.header.get("status") or {}))
             self.wake.set()
+        elif msg.type == "closed":
+            with self._lock:
+                self.closed.setdefault(msg.rank, time.monotonic())
         else:
             if msg.type == "heartbeat":
                 self._beat(msg)
-            if self.hook is not None and msg.type != "done":
+            if msg.type == "done":
+                with self._lock:
+                    self.done.add(msg.rank)
+            elif self.hook is not None:
                 self.hook(msg)
 
     def _relay_rendezvous(self, msg: Message) -> None:
@@ -133,6 +153,20 @@ def failures_from_spark_error(text: str) -> list[RankFailure]:
         tb = re.split(r"\n\s+at |\n\tat ", tb, maxsplit=1)[0].strip()
     message = tb.strip().splitlines()[-1] if tb.strip() else _first_reason(text)
     return [RankFailure(rank=rank, message=message, traceback=tb)]
+
+
+DIED_SILENTLY = ("its connection to the driver closed without a report: its Python worker "
+                 "or its executor died")
+
+
+def ordered_failures(text: str, reported: list[RankFailure], dead: list[int]
+                     ) -> list[RankFailure]:
+    """Every failure, the likely cause first: ranks that died without reporting (named with
+    what Spark's job error ``text`` says of them, if anything), then the reports (peers whose
+    collectives broke), then a rank only Spark's error names."""
+    named = {f.rank: f for f in unreported_failures(text, reported)}
+    first = [named.pop(r, None) or RankFailure(r, DIED_SILENTLY) for r in dead]
+    return first + list(reported) + list(named.values())
 
 
 def unreported_failures(text: str, reported: list[RankFailure]) -> list[RankFailure]:

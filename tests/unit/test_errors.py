@@ -1,5 +1,6 @@
 from sparkddl.errors import RankFailure, TrainingFailedError
-from sparkddl.launch.monitor import failures_from_spark_error, unreported_failures
+from sparkddl.launch.monitor import (DIED_SILENTLY, failures_from_spark_error, ordered_failures,
+                                     unreported_failures)
 
 
 def test_failure_message_lists_first_failure_first_with_tracebacks():
@@ -59,3 +60,16 @@ def test_a_peers_traceback_quoted_by_spark_is_not_pinned_on_the_silent_rank():
     assert "ZeroDivisionError" not in silent.message
     [alone] = unreported_failures(SPARK_TEXT, [])  # nobody reported: Spark's traceback is its
     assert alone.rank == 1 and alone.message == "ZeroDivisionError: division by zero"
+
+
+def test_the_cause_comes_first():
+    peer = RankFailure(0, "ZeroDivisionError: division by zero", "Traceback ...")
+    # rank 1 died without a report: first, with what Spark says of its executor
+    order = ordered_failures(EXECUTOR_LOST, [peer], dead=[1])
+    assert [f.rank for f in order] == [1, 0] and "ExecutorLostFailure" in order[0].message
+    # died, and Spark's error says nothing of it (the stage was cancelled first)
+    order = ordered_failures("Job 3 cancelled part of cancelled job group", [peer], dead=[1])
+    assert [(f.rank, f.message) for f in order] == [(1, DIED_SILENTLY), (0, peer.message)]
+    # not dead, only named by Spark with a peer's traceback: after the real report
+    order = ordered_failures(SPARK_TEXT, [peer], dead=[])
+    assert [f.rank for f in order] == [0, 1] and order[0] is peer

@@ -7,6 +7,7 @@ from sparkddl.launch import progress as progress_mod
 
 
 def test_log_lines_show_epoch_step_loss_and_samples_per_second(monkeypatch, caplog):
+    monkeypatch.setattr(progress_mod.sys.stderr, "isatty", lambda: False)  # even under -s
     clock = [100.0]
     monkeypatch.setattr(progress_mod.time, "monotonic", lambda: clock[0])
     monkeypatch.setattr(progress_mod, "LOG_EVERY_S", 0.0)
@@ -29,7 +30,8 @@ def test_log_lines_show_epoch_step_loss_and_samples_per_second(monkeypatch, capl
     assert lines[3].startswith("epoch 1/3: train_loss 1, samples_per_sec 640")
 
 
-def test_disabled_progress_says_nothing(caplog):
+def test_disabled_progress_says_nothing(monkeypatch, caplog):
+    monkeypatch.setattr(progress_mod.sys.stderr, "isatty", lambda: False)
     progress_mod.log.addHandler(caplog.handler)
     try:
         with caplog.at_level(logging.INFO, logger="sparkddl.progress"):
