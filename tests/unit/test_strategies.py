@@ -107,32 +107,31 @@ def _run(name: str, options: dict, rank: int, lrs: list[float], steps: int = 16,
 
 # ---- rank functions (one spawn each) ----
 
+def _allreduce_variants(warmup_steps: int) -> Any:
+    """((compression, overlap), options) for every compression, with and without overlap."""
+    for compression in COMPRESSIONS:
+        for overlap in (True, False):
+            options = {"compression": compression, "overlap": overlap}
+            if compression != "none":
+                options["warmup_steps"] = warmup_steps
+            yield (compression, overlap), options
+
+
 def _equivalence(rank: int, world: int) -> dict:
     """Parameters after five steps on 2 x batch 4, for every compression and overlap mode."""
     x, y = _regression(0, 1, 8)[0]
     mine = slice(rank * 4, rank * 4 + 4)
     out = {}
-    for compression in COMPRESSIONS:
-        for overlap in (True, False):
-            options = {"overlap": overlap, "compression": compression}
-            if compression != "none":
-                options["warmup_steps"] = 1
-            module = _mlp()
-            _fit(strategies.create("allreduce", options), module, [(x[mine], y[mine])] * 5,
-                 [0.1])
-            out[(compression, overlap)] = _flat(module)
+    for key, options in _allreduce_variants(warmup_steps=1):
+        module = _mlp()
+        _fit(strategies.create("allreduce", options), module, [(x[mine], y[mine])] * 5, [0.1])
+        out[key] = _flat(module)
     return out
 
 
 def _compressed_training(rank: int, world: int) -> dict:
-    runs = {}
-    for compression in COMPRESSIONS:
-        for overlap in (True, False):
-            options = {"compression": compression, "overlap": overlap}
-            if compression != "none":
-                options["warmup_steps"] = 2
-            runs[(compression, overlap)] = _run("allreduce", options, rank, [0.05] * 4)
-    return runs
+    return {key: _run("allreduce", options, rank, [0.05] * 4)
+            for key, options in _allreduce_variants(warmup_steps=2)}
 
 
 def _allreduce_family(rank: int, world: int) -> dict:
