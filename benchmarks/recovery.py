@@ -19,9 +19,7 @@ from common import local_spark, write_results  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from tests.integration.digits import digits_df, mlp  # noqa: E402
-from tests.integration.test_fault_tolerance import FailingLoss  # noqa: E402
-
-STEPS = 21  # steps per epoch for digits with 20 % validation, batch 32, 2 workers
+from tests.integration.test_fault_tolerance import STEPS, FailingLoss  # noqa: E402
 
 
 def scenario(spark, how: str, every_steps: int, at_step: int) -> dict:
@@ -47,7 +45,9 @@ def scenario(spark, how: str, every_steps: int, at_step: int) -> dict:
 
 
 def main() -> None:
-    os.environ["PYTHONPATH"] = str(ROOT)  # executors import FailingLoss from the tests
+    # executors import FailingLoss from the tests
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     spark = local_spark()
     at = 2 * STEPS + 12  # 12 steps into epoch 3
     rows = [scenario(spark, "raise", 0, at), scenario(spark, "raise", 5, at),

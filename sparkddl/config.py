@@ -83,10 +83,7 @@ class TrainConfig:
         if self.run_id is not None and not (isinstance(self.run_id, str) and
                                             self.run_id.replace("-", "").isalnum()):
             raise ConfigError(f"run_id must be letters, digits and '-', got {self.run_id!r}")
-        if self.watchdog_s is not None and not (
-                isinstance(self.watchdog_s, (int, float)) and self.watchdog_s > 0):
-            raise ConfigError(f"watchdog timeout must be positive seconds or unset, "
-                              f"got {self.watchdog_s!r}")
+        positive_seconds("watchdog timeout", self.watchdog_s)
         _choice("final_weights", self.final_weights, FINAL_WEIGHTS)
         _choice("reader_pool", self.reader_pool, POOL_TYPES)
         _choice("reader", self.reader, READERS)
@@ -99,9 +96,7 @@ class TrainConfig:
                 isinstance(self.learning_rate, (int, float)) and self.learning_rate >= 0):
             raise ConfigError(f"learning_rate must be a non-negative number or unset, "
                               f"got {self.learning_rate!r}")
-        if self.timeout_s is not None and not (
-                isinstance(self.timeout_s, (int, float)) and self.timeout_s > 0):
-            raise ConfigError(f"timeout must be positive seconds or unset, got {self.timeout_s!r}")
+        positive_seconds("timeout", self.timeout_s)
         return self
 
     def replace(self, **changes: Any) -> "TrainConfig":
@@ -111,6 +106,18 @@ class TrainConfig:
 def _positive_int(name: str, value: Any) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def optional_positive_int(name: str, value: Any) -> None:
+    if value is not None:
+        _positive_int(name, value)
+
+
+def positive_seconds(name: str, value: Any) -> None:
+    """None (no limit) or a positive number of seconds."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or value <= 0):
+        raise ConfigError(f"{name} must be positive seconds or unset (None), got {value!r}")
 
 
 def _non_negative_int(name: str, value: Any) -> None:

@@ -7,6 +7,7 @@ same way for every source. Nothing here imports Petastorm until a shard is read.
 from __future__ import annotations
 
 import collections
+import functools
 import importlib
 import logging
 import threading
@@ -25,8 +26,10 @@ warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm(\.|
 logging.getLogger("petastorm").setLevel(logging.WARNING)
 
 
+@functools.lru_cache(maxsize=1)
 def unavailable_reason() -> str | None:
-    """None where Petastorm loads in this Python, else what went wrong."""
+    """None where Petastorm loads in this Python, else what went wrong (found once per
+    process: ranks resolve their reader every epoch)."""
     for name in MODULES:
         try:
             importlib.import_module(name)

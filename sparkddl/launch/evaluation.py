@@ -66,6 +66,9 @@ class SnapshotEvaluator:
         self._last: Snapshot | None = None
         self._stop_at: int | None = None
         self._errors: list[str] = []
+        # driver state last saved for this many epochs done: step checkpoints within an
+        # epoch would save the same rows and best weights again
+        self._saved_epochs: int | None = None
         self._queue: queue.Queue = queue.Queue()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._loop, name="sparkddl-evaluator", daemon=True)
@@ -93,6 +96,7 @@ class SnapshotEvaluator:
     def rewind(self, epochs_done: int) -> None:
         """Forget epochs after ``epochs_done``: a resumed attempt trains them again."""
         self.drain()
+        self._saved_epochs = None
         saved = checkpoint.load_driver_state(self.store, self.run_id, epochs_done)
         with self._lock:
             if saved is not None:
@@ -127,7 +131,9 @@ class SnapshotEvaluator:
                 if item[0] == "snapshot":
                     self._handle(*item[1:])
                 elif item[0] == "checkpoint":
-                    self._save_state(item[1])
+                    if item[1] != self._saved_epochs:
+                        self._save_state(item[1])
+                        self._saved_epochs = item[1]
                 else:
                     item[1].set()
             except Exception as exc:  # a bad snapshot must not kill the fit's bookkeeping

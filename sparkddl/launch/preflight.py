@@ -63,6 +63,15 @@ def task_slots(sc: Any) -> int:
     return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
 
 
+def available_workers(sc: Any, wanted: int | None = None) -> int:
+    """Every task slot (or ``wanted``, if fewer); a ClusterError when there is none yet."""
+    slots = task_slots(sc)
+    if slots < 1:
+        raise ClusterError(f"the cluster ({sc.master}) has no task slots yet (no executor "
+                           "has registered); wait for executors or pass num_workers")
+    return slots if wanted is None else min(wanted, slots)
+
+
 def check_slots(sc: Any, num_workers: int, wait_s: float = EXECUTOR_WAIT_S) -> int:
     """Fail fast when the barrier stage could never be scheduled; returns the slot count."""
     slots = task_slots(sc)

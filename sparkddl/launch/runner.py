@@ -6,7 +6,7 @@ import uuid
 from typing import Any, Callable
 
 from sparkddl.channel.server import DriverChannel
-from sparkddl.errors import ClusterError, ConfigError
+from sparkddl.config import optional_positive_int, positive_seconds
 from sparkddl.launch import preflight
 from sparkddl.launch.pickling import serialize_call
 from sparkddl.launch.stage import run_stage
@@ -70,17 +70,10 @@ def run(fn: Callable[..., Any], *args: Any, num_workers: int | None = None, use_
     """
     sc = spark_session(spark).sparkContext
     if num_workers is None:
-        num_workers = preflight.task_slots(sc)
-        if num_workers < 1:
-            raise ClusterError(f"the cluster ({sc.master}) has no task slots yet (no executor "
-                               "has registered); wait for executors or pass num_workers")
+        num_workers = preflight.available_workers(sc)
     preflight.check_num_workers(num_workers)
-    if timeout is not None and not (isinstance(timeout, (int, float)) and timeout > 0):
-        raise ConfigError(f"timeout must be positive seconds or None, got {timeout!r}")
-    if torch_threads is not None and (isinstance(torch_threads, bool) or
-                                      not isinstance(torch_threads, int) or torch_threads < 1):
-        raise ConfigError(f"torch_threads must be a positive integer or None, got "
-                          f"{torch_threads!r}")
+    positive_seconds("timeout", timeout)
+    optional_positive_int("torch_threads", torch_threads)
     preflight.check_cluster(sc, num_workers, use_gpu)
     payload = serialize_call(fn, args, kwargs)
     run_id = new_run_id()

@@ -43,8 +43,8 @@ def run_calibration(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any,
     """One short barrier stage; returns the measurements and the training rows."""
     config.validate()
     sc = spark.sparkContext
-    workers = min(calibration_workers, preflight.task_slots(sc))
-    preflight.check_num_workers(workers)  # 0 when no executor has registered yet
+    preflight.check_num_workers(calibration_workers)
+    workers = preflight.available_workers(sc, calibration_workers)
     preflight.check_cluster(sc, workers, config.use_gpu)
     store = Store.from_uri(config.store)
     data = prepare(df, DataSpec.of(config.features, config.label, shapes=config.feature_shapes),

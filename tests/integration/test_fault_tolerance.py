@@ -27,18 +27,17 @@ STEPS = 21  # digits with 20 % held out for validation: ~1380 rows / 2 ranks / 3
 
 
 class FailingLoss(torch.nn.Module):
-    """Cross-entropy that fails on one rank at its ``at_step``-th step: while ``marker`` does
-    not exist (first attempt only; it creates it), or always. ``how``: raise, exit, hang."""
+    """Cross-entropy that fails on rank 1 at its ``at_step``-th step: while ``marker`` does
+    not exist (first attempt only; it creates it), or always. ``how``: raise, exit (the
+    Python worker), kill-executor (its executor JVM), hang."""
 
-    def __init__(self, marker: str, at_step: int, how: str = "raise", always: bool = False,
-                 rank: int = 1):
+    def __init__(self, marker: str, at_step: int, how: str = "raise", always: bool = False):
         super().__init__()
-        self.marker, self.at_step, self.how, self.always, self.rank = (marker, at_step, how,
-                                                                       always, rank)
+        self.marker, self.at_step, self.how, self.always = marker, at_step, how, always
         self.calls = 0
 
     def forward(self, output, label):
-        on_rank = os.environ.get("RANK") == str(self.rank)
+        on_rank = os.environ.get("RANK") == "1"
         self.calls += on_rank
         if on_rank and self.calls == self.at_step and (self.always or
                                                        not os.path.exists(self.marker)):
@@ -206,10 +205,10 @@ def test_truncated_latest_checkpoint_falls_back_to_the_previous(spark_local, tmp
 
 
 DRIVER = """
-import sys, time, torch
+import sys
 sys.path.insert(0, {root!r})
 from tests.conftest import spark_session
-from tests.integration.digits import digits_df, mlp
+from tests.integration.digits import digits_df
 from tests.integration.test_fault_tolerance import estimator, SlowLoss
 spark = spark_session("local[2]")
 estimator(__import__("pathlib").Path({tmp!r}), SlowLoss(), epochs=6, runId="run-driver").fit(

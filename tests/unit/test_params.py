@@ -1,9 +1,10 @@
 """TorchEstimator's Params as pyspark.ml users meet them (no Spark session needed)."""
 from __future__ import annotations
 
+import pytest
 import torch
 
-from sparkddl import TorchEstimator
+from sparkddl import ConfigError, TorchEstimator
 
 
 def _estimator(**params):
@@ -15,7 +16,7 @@ def test_explain_params_documents_every_param_with_its_default():
     est = _estimator(epochs=3)
     text = est.explainParams()
     for param in est.params:
-        assert f"{param.name}: {param.doc}" in text
+        assert param.doc.strip() and f"{param.name}: {param.doc}" in text
     assert "current: 3" in text.split("epochs:")[1].splitlines()[0]
     assert "default: 2" in text.split("numWorkers:")[1].splitlines()[0]
 
@@ -50,3 +51,12 @@ def test_every_param_reaches_the_training_config():
     for name, value in changed.items():
         config = _estimator(**{name: value}).train_config()
         assert config != base, f"{name} is accepted but does not reach the config"
+
+
+def test_time_limits_must_be_positive_seconds_or_unset():
+    for name, value in (("timeout", 0), ("timeout", True), ("watchdogTimeout", -1.0),
+                        ("timeout", "60")):
+        with pytest.raises(ConfigError, match=r"must be positive seconds or unset \(None\), "
+                                              rf"got {value!r}"):
+            _estimator(**{name: value}).train_config().validate()
+    _estimator(timeout=None, watchdogTimeout=2.5).train_config().validate()

@@ -169,9 +169,13 @@ def test_a_reader_thread_stuck_in_io_does_not_hold_up_the_error(dataset, monkeyp
 
 @pytest.fixture
 def no_petastorm(monkeypatch):
-    """This Python as if Petastorm could not be imported."""
+    """This Python as if Petastorm could not be imported (the answer is cached per process:
+    forget it before and after)."""
     for name in ("petastorm", *petastorm_source.MODULES):
         monkeypatch.setitem(sys.modules, name, None)
+    petastorm_source.unavailable_reason.cache_clear()
+    yield
+    petastorm_source.unavailable_reason.cache_clear()
 
 
 def test_asking_for_petastorm_where_it_cannot_load_says_why_and_how_to_fix(no_petastorm):

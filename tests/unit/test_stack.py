@@ -77,4 +77,8 @@ def test_petastorm_imports_with_the_stack():
     import petastorm
     from petastorm import make_batch_reader  # noqa: F401
     from petastorm.pytorch import DataLoader  # noqa: F401
+
+    from sparkddl.data import petastorm_source
     assert petastorm.__version__
+    # what the Petastorm tests skip on: it must not happen on this stack
+    assert petastorm_source.unavailable_reason() is None

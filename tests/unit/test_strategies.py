@@ -76,13 +76,21 @@ def _flat(module: nn.Module) -> torch.Tensor:
     return torch.cat([p.detach().reshape(-1) for p in module.parameters()])
 
 
-def _roundtrip(strategy: Any) -> bool:
-    """The state survives torch.save / torch.load(weights_only=True) and load_state_dict."""
+def _roundtrip(strategy: Any, name: str, options: dict) -> bool:
+    """The state survives torch.save / torch.load(weights_only=True) and restores into a
+    fresh strategy of the same kind (wrapped, as after a restart). Collective: wrap is."""
+    original = strategy.state_dict()
     buf = io.BytesIO()
-    torch.save(strategy.state_dict(), buf)
+    torch.save(original, buf)
     loaded = torch.load(io.BytesIO(buf.getvalue()), weights_only=True)
-    strategy.load_state_dict(loaded)
-    return _same(strategy.state_dict(), loaded)
+    if not original:  # nothing to restore (ssp checkpoints nothing)
+        return loaded == {}
+    fresh = strategies.create(name, options)
+    fresh.wrap(_mlp())
+    if _same(fresh.state_dict(), original):
+        return False  # a fresh state equal to the trained one would prove nothing
+    fresh.load_state_dict(loaded)
+    return _same(fresh.state_dict(), original)
 
 
 def _same(a: Any, b: Any) -> bool:
@@ -101,7 +109,8 @@ def _run(name: str, options: dict, rank: int, lrs: list[float], steps: int = 16,
     module = _mlp()
     probe: dict = {}
     rows = _fit(strategy, module, _regression(rank, steps, 8), lrs, probe=probe, **fit)
-    return {"rows": rows, "params": _flat(module), "roundtrip": _roundtrip(strategy),
+    return {"rows": rows, "params": _flat(module),
+            "roundtrip": _roundtrip(strategy, name, options),
             "state": strategy.state_dict(), "probe": probe}
 
 
@@ -372,7 +381,7 @@ def test_ssp_workers_stay_within_staleness(ssp, staleness):
     for rank, result in enumerate(ssp):
         run = result[staleness]
         leads = [step + 1 - min(clocks) for step, clocks in
-                 enumerate(c for c in run["trace"])]
+                 enumerate(run["trace"])]
         assert max(leads) <= staleness
         assert all(row["max_lead"] <= staleness for row in run["rows"])
         rows = run["rows"]
