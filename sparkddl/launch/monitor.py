@@ -16,12 +16,23 @@ MessageHook = Callable[[Message], None]
 
 @dataclass
 class Beat:
-    """A rank's last heartbeat, and when its position last moved."""
+    """A rank's last heartbeat: where it is, when that last changed, when it was heard."""
 
     position: tuple
     moved_at: float
+    heard_at: float
     phase: str
-    step: int
+    steps: int  # global steps done
+    epoch: int | None
+    step: int | None
+    collective: str  # the collective it waits in ('' when none)
+
+    def describe(self, now: float) -> str:
+        where = f", epoch {self.epoch} step {self.step}" if self.epoch is not None else ""
+        waits = (f"waiting in {self.collective}" if self.collective
+                 else "not inside a collective")
+        return (f"at step {self.steps} ({self.phase}{where}), {waits}, "
+                f"no progress for {now - self.moved_at:.1f}s")
 
 
 class StageMonitor:
@@ -31,8 +42,10 @@ class StageMonitor:
     report); ``hook`` receives every other message type (metrics, snapshots, ...).
     """
 
-    def __init__(self, hook: MessageHook | None = None):
+    def __init__(self, hook: MessageHook | None = None,
+                 clock: Callable[[], float] = time.monotonic):
         self.hook = hook
+        self.clock = clock  # when heartbeats arrive and the watchdog looks (tests set it)
         self.failures: dict[int, RankFailure] = {}
         self.wake = threading.Event()
         self.broadcast: Callable[[dict], None] = lambda header: None
@@ -93,33 +106,32 @@ class StageMonitor:
 
     def _beat(self, msg: Message) -> None:
         h = msg.header
-        position = (h.get("steps"), h.get("step"), h.get("phase"))
-        now = time.monotonic()
+        collective = str(h.get("collective") or "")
+        position = (h.get("steps"), h.get("epoch"), h.get("step"), h.get("phase"), collective)
+        now = self.clock()
         with self._lock:
             if self._first_beat is None:
                 self._first_beat = now
             old = self.beats.get(msg.rank)
             moved = now if old is None or old.position != position else old.moved_at
-            self.beats[msg.rank] = Beat(position, moved, str(h.get("phase", "")),
-                                        int(h.get("steps") or 0))
+            self.beats[msg.rank] = Beat(position, moved, now, str(h.get("phase", "")),
+                                        int(h.get("steps") or 0), _int(h.get("epoch")),
+                                        _int(h.get("step")), collective)
 
     def stalled(self, limit_s: float, world: int) -> str:
         """'' while every rank moves; otherwise what the watchdog reports. Once any rank has
-        reported, every rank must report within ``limit_s``."""
-        now = time.monotonic()
+        reported, every rank must report within ``limit_s``; ranks that finished are out."""
+        now = self.clock()
         with self._lock:
             if self._first_beat is None:
                 return ""  # no rank has started yet: Spark may still be scheduling the tasks
-            stuck = {r: b for r, b in self.beats.items() if now - b.moved_at > limit_s}
-            silent = [r for r in range(world)
-                      if r not in self.beats and now - self._first_beat > limit_s]
-        if not stuck and not silent:
+            beats = {r: b for r, b in self.beats.items() if r not in self.done}
+            active = [r for r in range(world) if r not in self.done]
+            waited = now - self._first_beat
+        stuck = any(now - b.moved_at > limit_s for b in beats.values())
+        if not stuck and not (waited > limit_s and any(r not in beats for r in active)):
             return ""
-        parts = [f"rank {r} at step {b.step} ({b.phase})" for r, b in sorted(stuck.items())]
-        parts += [f"rank {r} never reported" for r in silent]
-        return (f"watchdog: no progress for {limit_s:g}s: " + "; ".join(parts) +
-                " (a rank stuck in I/O or in a collective; raise watchdogTimeout if steps "
-                "are legitimately this slow)")
+        return watchdog_report(beats, active, limit_s, now)
 
     def _print(self, msg: Message) -> None:
         stream_name = "stderr" if msg.header.get("stream") == "stderr" else "stdout"
@@ -135,6 +147,42 @@ class StageMonitor:
         stream = sys.stderr if stream_name == "stderr" else sys.stdout
         stream.write(f"[rank {msg.rank}] {line}\n")
         stream.flush()
+
+
+def _int(value: object) -> int | None:
+    return None if value is None else int(value)  # type: ignore[arg-type]
+
+
+def blamed(beats: dict[int, Beat], active: list[int], limit_s: float, now: float
+           ) -> list[int]:
+    """The ranks the others are most likely waiting for, by evidence, never by timing alone:
+    ranks that never reported or whose heartbeats stopped; then, among the ranks that are
+    not inside a collective (their peers wait in one for them), those with the least
+    progress; only when every rank waits in a collective, the least advanced of them."""
+    lost = [r for r in active if r not in beats or now - beats[r].heard_at > limit_s]
+    heard = [r for r in active if r not in lost]
+    free = [r for r in heard if not beats[r].collective]
+    pool = free if free or lost else heard
+    least = min((beats[r].steps for r in pool), default=0)
+    return lost + [r for r in pool if beats[r].steps == least]
+
+
+def watchdog_report(beats: dict[int, Beat], active: list[int], limit_s: float, now: float
+                    ) -> str:
+    """First line: the likely culprit(s); then one line per rank with where it is."""
+    culprits = blamed(beats, active, limit_s, now)
+
+    def line(r: int) -> str:
+        if r not in beats:
+            return f"rank {r} never reported (its task may not have started)"
+        lost = " (no heartbeat for %.1fs)" % (now - beats[r].heard_at) \
+            if now - beats[r].heard_at > limit_s else ""
+        return f"rank {r} {beats[r].describe(now)}{lost}"
+
+    return (f"watchdog: no progress for {limit_s:g}s; likely cause: " +
+            "; ".join(line(r) for r in culprits) +
+            ". Raise watchdogTimeout if steps are legitimately this slow. Every rank:\n" +
+            "\n".join(f"  {line(r)}" for r in active))
 
 
 _TASK_PATTERNS = (re.compile(r"ResultTask\(\d+, (\d+)\)"),

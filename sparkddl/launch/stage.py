@@ -112,6 +112,7 @@ def _wait(job: _Job, monitor: StageMonitor, timeout_s: float | None, started: fl
             remaining = WATCHDOG_POLL_S if remaining is None else min(remaining, WATCHDOG_POLL_S)
             stalled = monitor.stalled(watchdog_s, world)
             if stalled:
+                log.warning("%s", stalled)  # the whole picture; a restart keeps its first line
                 return stalled
         monitor.wake.wait(remaining)
         monitor.wake.clear()

@@ -15,6 +15,7 @@ from sparkddl.strategies.base import Strategy
 from sparkddl.strategies.compression import Cast, Codec, Sign, TopK
 from sparkddl.strategies.powersgd import PowerSGD
 from sparkddl.strategies.tensors import GradientSync, broadcast_, broadcast_module
+from sparkddl.task.context import collective
 
 if TYPE_CHECKING:
     import torch
@@ -84,7 +85,8 @@ class AllReduce(Strategy):
         if self.options["overlap"]:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
-            ddp = DDP(module, bucket_cap_mb=self.options["bucket_cap_mb"])
+            with collective("DDP's setup (rank 0's weights broadcast to every rank)"):
+                ddp = DDP(module, bucket_cap_mb=self.options["bucket_cap_mb"])
             if self.options["compression"] == "none":
                 # DDP's own C++ allreduce: a Python hook per bucket costs ~8 % of a small
                 # model's step; the traffic is counted from DDP's bucket sizes instead
@@ -101,6 +103,16 @@ class AllReduce(Strategy):
                  shapes: list["torch.Size"]) -> "Future":
         codec = self.plain if self.steps < self.options["warmup_steps"] else self.codec
         return codec.exchange(flat, keys, shapes)
+
+    def backward(self, loss: Any) -> None:
+        if self.sync is not None:  # gradients are exchanged after the backward pass
+            loss.backward()
+            return
+        # DDP allreduces gradient buckets while the backward pass runs and waits for them
+        # before it returns: from outside, time in autograd and time waiting for the peers
+        # cannot be told apart, so the whole pass counts as inside the collective
+        with collective("DDP's gradient allreduce (inside backward)"):
+            loss.backward()
 
     def step(self, optimizer: Any) -> None:
         if self.ddp is not None:

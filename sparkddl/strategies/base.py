@@ -27,7 +27,7 @@ class CommStats:
 class Strategy:
     """How replicas are kept in agreement.
 
-    The training loop calls ``wrap`` once, then per step ``loss.backward()`` followed by
+    The training loop calls ``wrap`` once, then per step ``backward(loss)`` followed by
     ``step(optimizer)``, ``end_epoch()`` after each epoch, ``snapshot_state`` for a snapshot
     taken during training, and ``finalize`` before the final weights are taken. ``OPTIONS`` declares every option with its default. ``state_dict``
     holds tensors and plain values only (loadable with ``torch.load(weights_only=True)``);
@@ -83,6 +83,10 @@ class Strategy:
         """Return the module to run forward/backward on (may be ``module`` itself)."""
         return module
 
+    def backward(self, loss: Any) -> None:
+        """Run the backward pass (strategies that communicate inside it mark that)."""
+        loss.backward()
+
     def step(self, optimizer: Any) -> None:
         optimizer.step()
 
@@ -107,7 +111,7 @@ class Strategy:
         with torch.no_grad():
             shared = model_state(module)
             copies = [t.detach().clone() for t in shared]
-            average_(copies, self.comm)
+            average_(copies, self.comm, what="averaging the replicas for a snapshot")
             mean = {(t.data_ptr(), tuple(t.shape)): c for t, c in zip(shared, copies)}
         return {k: mean.get((v.data_ptr(), tuple(v.shape)), v) for k, v in state.items()}
 

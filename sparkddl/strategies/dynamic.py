@@ -17,9 +17,9 @@ from __future__ import annotations
 from typing import Any
 
 from sparkddl.errors import CheckpointError
-from sparkddl.strategies.base import Strategy, tensor_bytes
-from sparkddl.strategies.tensors import (average_, broadcast_module, model_state,
-                                         squared_distance)
+from sparkddl.strategies.base import Strategy
+from sparkddl.strategies.tensors import (average_, broadcast_module, mean_over_ranks,
+                                         model_state, squared_distance)
 
 
 class DynamicAveraging(Strategy):
@@ -54,12 +54,8 @@ class DynamicAveraging(Strategy):
 
     def _drift(self) -> float:
         """Mean over ranks of each replica's squared distance from the reference."""
-        import torch.distributed as dist
-
-        distance = squared_distance(self.state, self.reference)
-        self.comm.add(tensor_bytes(distance))
-        dist.all_reduce(distance)
-        return distance.item() / dist.get_world_size()
+        return mean_over_ranks(squared_distance(self.state, self.reference), self.comm,
+                               "the drift check")
 
     def _average(self) -> None:
         average_(self.state, self.comm)

@@ -22,8 +22,9 @@ from typing import Any
 
 from sparkddl.strategies.base import CommStats, Strategy, tensor_bytes
 from sparkddl.strategies.tensors import (DEFAULT_BUCKET_BYTES, average_, broadcast_module,
-                                         bucketize, flatten, model_state, squared_distance,
-                                         unflatten_into)
+                                         bucketize, flatten, mean_over_ranks, model_state,
+                                         squared_distance, unflatten_into)
+from sparkddl.task.context import collective
 
 TOPOLOGIES = ("ring", "exponential")
 
@@ -73,7 +74,7 @@ class Gossip(Strategy):
 
         rank, world = dist.get_rank(), dist.get_world_size()
         pending = []
-        with torch.no_grad():
+        with torch.no_grad(), collective("the exchange with gossip neighbours"):
             for tag, bucket in enumerate(self.buckets):
                 members = [self.state[i] for i in bucket]
                 mine = flatten(members)
@@ -92,14 +93,10 @@ class Gossip(Strategy):
 
     def consensus_distance(self) -> float:
         """Mean over ranks of the squared distance of each replica from the replicas' mean."""
-        import torch.distributed as dist
-
         mean = [t.detach().clone() for t in self.state]
-        average_(mean, self.control)
-        distance = squared_distance(self.state, mean)
-        self.control.add(tensor_bytes(distance))
-        dist.all_reduce(distance)
-        return distance.item() / dist.get_world_size()
+        average_(mean, self.control, what="measuring the consensus distance")
+        return mean_over_ranks(squared_distance(self.state, mean), self.control,
+                               "measuring the consensus distance")
 
     def end_epoch(self) -> dict[str, Any]:
         distance = self.consensus_distance()

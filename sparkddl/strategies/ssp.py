@@ -29,6 +29,7 @@ from typing import Any, Sequence
 from sparkddl.errors import SparkDDLError
 from sparkddl.strategies.base import Strategy, tensor_bytes
 from sparkddl.strategies.tensors import broadcast_module, model_state
+from sparkddl.task import context
 
 log = logging.getLogger(__name__)
 
@@ -82,8 +83,6 @@ class StaleSynchronous(Strategy):
     def wrap(self, module: Any) -> Any:
         import torch.distributed as dist
 
-        from sparkddl.task import context
-
         broadcast_module(module)
         self.state = model_state(module)
         self.base = [t.detach().clone() for t in self.state]  # the model last pulled
@@ -118,7 +117,8 @@ class StaleSynchronous(Strategy):
         import torch.distributed as dist
 
         start = time.perf_counter()
-        message = self.store.queue_pop(pull_queue(dist.get_rank()))
+        with context.collective("a pull from the SSP parameter server (staleness bound)"):
+            message = self.store.queue_pop(pull_queue(dist.get_rank()))
         self.wait_s += time.perf_counter() - start
         clocks, payload = decode_pull(message, dist.get_world_size(), self.store,
                                       dist.get_rank())
@@ -140,7 +140,8 @@ class StaleSynchronous(Strategy):
         self._push(b"", final=True)
         self._pull()
         if self.server is not None:
-            self.server.join()  # it stops once every rank has had its final model
+            with context.collective("the SSP server's wait for every rank's final update"):
+                self.server.join()  # it stops once every rank has had its final model
 
 
 class ParameterServer(threading.Thread):

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from sparkddl.strategies.base import CommStats, tensor_bytes
+from sparkddl.task.context import collective
 
 if TYPE_CHECKING:
     import torch
@@ -69,11 +70,11 @@ def allreduce_mean(flat: "torch.Tensor", comm: CommStats) -> "Future":
 
 
 def average_(tensors: Sequence["torch.Tensor"], comm: CommStats,
-             cap_bytes: int = DEFAULT_BUCKET_BYTES) -> None:
+             cap_bytes: int = DEFAULT_BUCKET_BYTES, what: str = "averaging the model") -> None:
     """Replace every tensor by its mean over all ranks (buckets in flight together)."""
     import torch
 
-    with torch.no_grad():
+    with torch.no_grad(), collective(what):
         pending = []
         for bucket in bucketize(tensors, cap_bytes):
             members = [tensors[i] for i in bucket]
@@ -88,7 +89,7 @@ def broadcast_(tensors: Sequence["torch.Tensor"], comm: CommStats | None = None,
     import torch
     import torch.distributed as dist
 
-    with torch.no_grad():
+    with torch.no_grad(), collective(f"a broadcast from rank {src}"):
         for bucket in bucketize(tensors, cap_bytes):
             members = [tensors[i] for i in bucket]
             flat = flatten(members)
@@ -101,6 +102,16 @@ def broadcast_(tensors: Sequence["torch.Tensor"], comm: CommStats | None = None,
 def broadcast_module(module: Any) -> None:
     """Make every replica start from rank 0's parameters and buffers (setup, not counted)."""
     broadcast_([*module.parameters(), *module.buffers()])
+
+
+def mean_over_ranks(value: "torch.Tensor", comm: CommStats, what: str) -> float:
+    """The mean over all ranks of a scalar tensor (a drift or distance measure)."""
+    import torch.distributed as dist
+
+    comm.add(tensor_bytes(value))
+    with collective(what):
+        dist.all_reduce(value)
+    return value.item() / dist.get_world_size()
 
 
 def squared_distance(tensors: Sequence["torch.Tensor"],
@@ -133,7 +144,7 @@ class GradientSync:
     def __call__(self) -> None:
         import torch
 
-        with torch.no_grad():
+        with torch.no_grad(), collective("the gradient exchange"):
             pending = []
             for bucket in self.buckets:
                 members = [self.params[i] for i in bucket]

@@ -126,7 +126,7 @@ def rank_environment(spec: TaskSpec, spark_ctx: Any, channel: RankChannel,
 
     rank, world = spark_ctx.partitionId(), spec.num_workers
     hosts = [info.address.rsplit(":", 1)[0] for info in spark_ctx.getTaskInfos()]
-    store, master_port = _rendezvous(spec, rank, hosts[0], channel)
+    store, master_port = _rendezvous(spec, rank, hosts[0], channel, status)
     gpus = _task_gpus(spark_ctx) if spec.use_gpu else []
     threads = spec.torch_threads or max(1, int(spark_ctx.cpus()))
     ctx = context.RankContext(
@@ -157,15 +157,18 @@ def rank_environment(spec: TaskSpec, spark_ctx: Any, channel: RankChannel,
                 if dist.is_available() and dist.is_initialized():
                     dist.destroy_process_group()
                 if ok:  # rank 0's store must outlive every rank's last use of it
-                    _finish_barrier(store, rank, world, spec.collective_timeout_s)
+                    status["phase"] = "finished"
+                    with context.collective("the closing barrier (waiting for every rank "
+                                            "to finish)", status):
+                        _finish_barrier(store, rank, world, spec.collective_timeout_s)
             finally:
                 torch.set_num_threads(saved[0])
                 torch.set_rng_state(saved[1])
                 del store
 
 
-def _rendezvous(spec: TaskSpec, rank: int, master_host: str, channel: RankChannel
-                ) -> tuple[Any, int]:
+def _rendezvous(spec: TaskSpec, rank: int, master_host: str, channel: RankChannel,
+                status: dict[str, Any]) -> tuple[Any, int]:
     """Rank 0 opens the TCPStore on port 0 and reports the port it really got through the
     driver channel, which relays it to every rank: no port race, and none of the one-second
     polling of Spark's allGather. Every rank returns a store handle (server or client)."""
@@ -177,7 +180,8 @@ def _rendezvous(spec: TaskSpec, rank: int, master_host: str, channel: RankChanne
                          wait_for_workers=False, timeout=timeout)
         channel.send({"type": "rendezvous", "port": store.port})
         return store, store.port
-    port = int(channel.wait_for("rendezvous", spec.collective_timeout_s)["port"])
+    with context.collective("the rendezvous (waiting for rank 0's store)", status):
+        port = int(channel.wait_for("rendezvous", spec.collective_timeout_s)["port"])
     return TCPStore(master_host, port, spec.num_workers, is_master=False, timeout=timeout), port
 
 

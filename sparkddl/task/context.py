@@ -2,8 +2,9 @@
 from __future__ import annotations
 
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 from sparkddl.channel.client import RankChannel
 from sparkddl.errors import SparkDDLError
@@ -26,8 +27,8 @@ class RankContext:
     channel: RankChannel | None = None
     store: Any = None  # the run's torch TCPStore (rank 0 hosts it)
     stop_requested: threading.Event = field(default_factory=threading.Event)
-    # where this rank is (phase, epoch, step, steps): plain ints and strings, sent with
-    # heartbeats and failure reports
+    # where this rank is (phase, epoch, step, steps, and the collective it waits in, if
+    # any): plain ints and strings, sent with heartbeats and failure reports
     status: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -53,3 +54,24 @@ def is_active() -> bool:
 def set_current(ctx: RankContext | None) -> None:
     global _current
     _current = ctx
+
+
+@contextmanager
+def collective(name: str, status: dict[str, Any] | None = None) -> Iterator[None]:
+    """Mark the calling rank as waiting in collective ``name`` for the duration.
+
+    Every place that can block on other ranks enters through here, so the driver's watchdog
+    can tell a rank that waits for its peers from the rank they wait for. Nested marks keep
+    the outermost name. ``status`` defaults to the running rank's; outside a sparkddl task
+    this does nothing.
+    """
+    if status is None and _current is not None:
+        status = _current.status
+    if status is None or status.get("collective"):
+        yield
+        return
+    status["collective"] = name
+    try:
+        yield
+    finally:
+        status["collective"] = ""

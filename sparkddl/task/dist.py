@@ -37,7 +37,8 @@ def init_process_group(backend: str | None = None, timeout_s: float | None = Non
         torch.cuda.set_device(local_device_index())
     if timeout_s is None:
         timeout_s = context.current().collective_timeout_s if context.is_active() else 1800.0
-    dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
+    with context.collective("init_process_group (waiting for every rank to join)"):
+        dist.init_process_group(backend, timeout=timedelta(seconds=timeout_s))
     return backend
 
 

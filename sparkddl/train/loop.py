@@ -34,12 +34,16 @@ class _Run:
         self.spec, self.ctx = spec, context.current()
         init_process_group()
         self.dev = device()
+        self.pos = resume.Position()
         torch.manual_seed(spec.seed)  # the same initial weights on every rank
+        self.mark("building the model")
         self.module = build_module(spec.model_factory)
+        self.mark("loading the checkpoint")
         ckpt, self.pos = (resume.load(spec, self.ctx, self.module) if spec.resume_url
-                          else (None, resume.Position()))
+                          else (None, self.pos))
         self.module.to(self.dev)
         self.strategy = strategies.create(spec.strategy.name, spec.strategy.options)
+        self.mark("wrapping the model for its strategy")
         self.model = self.strategy.wrap(self.module)
         self.optimizer = spec.optimizer.build(self.module.parameters(), spec.learning_rate)
         self.saved = resume.restore_rest(ckpt, self.ctx, self.optimizer, self.strategy) \
@@ -85,8 +89,10 @@ def train(spec: TrainSpec) -> dict[str, Any]:
             run.checkpoint(epoch, 0, _zeros(run))
         if stopped:
             break
+    run.mark("gathering step counts")
     steps = [torch.zeros(1, dtype=torch.int64) for _ in range(run.ctx.world_size)]
-    dist.all_gather(steps, torch.tensor([run.pos.global_steps]))
+    with context.collective("the final step-count gather"):
+        dist.all_gather(steps, torch.tensor([run.pos.global_steps]))
     return {"epochs_done": epoch, "stopped_early": stopped,
             "steps_per_rank": [int(t.item()) for t in steps]}
 
@@ -118,7 +124,7 @@ def _epoch(run: _Run, epoch: int) -> tuple[dict[str, Any], bool]:
             if step <= skip:
                 run.mark("skipping steps done before the restart", epoch, step)
                 continue  # the order is the same as before the restart, so skip them
-            run.mark("training", epoch, step)
+            run.mark("forward pass", epoch, step)
             _step(run, batch, sums)
             run.pos.global_steps += 1
             run.mark("reading data")
@@ -129,7 +135,8 @@ def _epoch(run: _Run, epoch: int) -> tuple[dict[str, Any], bool]:
     run.mark("exchanging epoch statistics")
     comm = run.strategy.end_epoch()
     sums[2] = float(ctx.stop_requested.is_set())
-    dist.all_reduce(sums)  # control traffic: epoch statistics and the stop vote
+    with context.collective("the epoch statistics allreduce"):
+        dist.all_reduce(sums)  # control traffic: epoch statistics and the stop vote
     elapsed = time.perf_counter() - start
     count = sums[1].item()
     row = {"epoch": epoch, "train_loss": sums[0].item() / count,
@@ -146,9 +153,11 @@ def _step(run: _Run, batch: dict[str, Any], sums: Any) -> None:
     label = batch[spec.label].to(run.dev, non_blocking=True)
     run.optimizer.zero_grad(set_to_none=True)
     output = run.model(*inputs)
+    run.mark("computing the loss")
     loss = spec.loss(output, label)
-    loss.backward()
-    run.mark("synchronizing gradients")
+    run.mark("backward pass")
+    run.strategy.backward(loss)
+    run.mark("optimizer step (and the strategy's synchronization)")
     run.strategy.step(run.optimizer)
     n = len(label)
     with torch.no_grad():
@@ -187,6 +196,7 @@ class _Reporter:
         torch.save({k: v.detach().cpu() for k, v in state.items()}, buf)
         data = buf.getvalue()
         header = {"type": "snapshot", "epoch": epoch, "final": final}
+        self.ctx.status["phase"] = "sending a snapshot to the driver"
         if len(data) <= self.spec.max_snapshot_bytes:
             self.ctx.channel.send(header, data)
             return

@@ -78,12 +78,14 @@ def gather_to_chief(state: dict[str, Any], ctx: context.RankContext) -> list[Any
     torch.save(state, buf)
     data = torch.frombuffer(bytearray(buf.getvalue()), dtype=torch.uint8)
     sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(ctx.world_size)]
-    dist.all_gather(sizes, torch.tensor([data.numel()]))
-    longest = max(int(s.item()) for s in sizes)
-    padded = torch.zeros(longest, dtype=torch.uint8)
-    padded[:data.numel()] = data
-    parts = [torch.zeros(longest, dtype=torch.uint8) for _ in sizes] if ctx.rank == 0 else None
-    dist.gather(padded, parts, dst=0)
+    with context.collective("gathering checkpoint state on rank 0"):
+        dist.all_gather(sizes, torch.tensor([data.numel()]))
+        longest = max(int(s.item()) for s in sizes)
+        padded = torch.zeros(longest, dtype=torch.uint8)
+        padded[:data.numel()] = data
+        parts = ([torch.zeros(longest, dtype=torch.uint8) for _ in sizes] if ctx.rank == 0
+                 else None)
+        dist.gather(padded, parts, dst=0)
     if parts is None:
         return None
     return [torch.load(io.BytesIO(p[:int(n.item())].numpy().tobytes()), weights_only=True)

@@ -55,7 +55,7 @@ def _fit(strategy: Any, module: nn.Module, batches: list, lrs: list[float],
         for x, y in batches:
             optimizer.zero_grad(set_to_none=True)
             loss = F.mse_loss(model(x), y)
-            loss.backward()
+            strategy.backward(loss)
             time.sleep(pause_s)
             strategy.step(optimizer)
             losses.append(loss.item())

@@ -1,0 +1,154 @@
+"""The driver's watchdog verdict, from heartbeats alone (no Spark, no processes, a fake clock).
+
+The verdict must follow from what the ranks report (inside a collective or not, how far
+they got), never from which heartbeat happened to arrive first.
+"""
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from sparkddl.channel.server import Message
+from sparkddl.launch.monitor import StageMonitor
+
+LIMIT = 4.0
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def beat(rank: int, steps: int, phase: str, collective: str = "", epoch: int | None = 1,
+         step: int | None = None) -> Message:
+    header = {"type": "heartbeat", "steps": steps, "phase": phase, "collective": collective,
+              "epoch": epoch, "step": steps + 1 if step is None else step}
+    return Message(rank=rank, header=header)
+
+
+HUNG_IN_LOSS = beat(1, 19, "computing the loss")
+WAITING_IN_BACKWARD = beat(0, 19, "backward pass", "DDP's gradient allreduce (inside backward)")
+
+
+def stuck(messages: list[Message], world: int = 2, for_s: float = LIMIT + 1,
+          gap_s: float = 0.0) -> str:
+    """Ranks stop where ``messages`` say (``gap_s`` apart, in that order) and keep sending
+    the same heartbeat once a second; the watchdog's verdict ``for_s`` later."""
+    clock = Clock()
+    monitor = StageMonitor(clock=clock)
+    for msg in messages:
+        monitor.handle(msg)
+        clock.now += gap_s
+    for _ in range(int(for_s)):
+        clock.now += 1.0
+        for msg in messages:
+            monitor.handle(msg)
+    clock.now += for_s - int(for_s)
+    return monitor.stalled(LIMIT, world)
+
+
+def culprit_line(report: str) -> str:
+    return report.splitlines()[0]
+
+
+@pytest.mark.parametrize("gap_s", [0.0, 0.9])
+@pytest.mark.parametrize("order", list(itertools.permutations([HUNG_IN_LOSS,
+                                                               WAITING_IN_BACKWARD])))
+def test_the_rank_outside_the_collective_is_named_whichever_stopped_first(order, gap_s):
+    report = stuck(list(order), gap_s=gap_s)
+    head = culprit_line(report)
+    assert head.startswith("watchdog: no progress for 4s; likely cause: rank 1 at step 19 "
+                           "(computing the loss, epoch 1 step 20), not inside a collective")
+    assert "rank 0" not in head
+    # every rank on a line of its own, with its position and whether it waits
+    lines = report.splitlines()[1:]
+    assert len(lines) == 2
+    assert lines[0].strip().startswith("rank 0 at step 19 (backward pass, epoch 1 step 20), "
+                                       "waiting in DDP's gradient allreduce")
+    assert lines[1].strip().startswith("rank 1 at step 19 (computing the loss")
+
+
+def test_a_rank_stuck_reading_data_is_named_over_a_rank_in_the_epoch_allreduce():
+    report = stuck([beat(0, 42, "exchanging epoch statistics",
+                         "the epoch statistics allreduce"),
+                    beat(1, 40, "reading data")])
+    assert "likely cause: rank 1 at step 40 (reading data" in culprit_line(report)
+
+
+def test_among_ranks_outside_collectives_the_least_advanced_is_named():
+    # local SGD: rank 0 is outside any collective further on while rank 1 is stuck behind
+    report = stuck([beat(0, 30, "forward pass"), beat(1, 20, "computing the loss"),
+                    beat(2, 30, "averaging", "averaging the model")], world=3)
+    head = culprit_line(report)
+    assert "likely cause: rank 1 at step 20" in head
+    assert "rank 0" not in head and "rank 2" not in head
+
+
+def test_equal_evidence_names_every_tied_rank():
+    head = culprit_line(stuck([beat(0, 5, "forward pass"), beat(1, 5, "computing the loss")]))
+    assert "rank 0 at step 5" in head and "rank 1 at step 5" in head
+
+
+def test_when_every_rank_waits_in_a_collective_the_least_advanced_is_named():
+    report = stuck([beat(0, 9, "backward pass", "DDP's gradient allreduce"),
+                    beat(1, 8, "exchanging epoch statistics", "the epoch statistics allreduce")])
+    head = culprit_line(report)
+    assert "likely cause: rank 1 at step 8" in head and "rank 0" not in head
+
+
+def test_a_rank_that_never_reported_is_always_named():
+    report = stuck([beat(0, 0, "running", "init_process_group (waiting for every rank to "
+                                          "join)", epoch=None),
+                    beat(2, 0, "building the model", epoch=None)], world=3)
+    head = culprit_line(report)
+    assert "rank 1 never reported" in head
+    assert "rank 2 at step 0 (building the model)" in head  # outside a collective too
+    assert "rank 0" not in head
+    assert len(report.splitlines()) == 4
+
+
+def test_a_rank_whose_heartbeats_stopped_is_named_with_how_long_ago():
+    clock = Clock()
+    monitor = StageMonitor(clock=clock)
+    both = [beat(0, 3, "backward pass", "DDP's gradient allreduce"),
+            beat(1, 3, "backward pass", "DDP's gradient allreduce")]
+    for msg in both:
+        monitor.handle(msg)
+    for _ in range(6):  # rank 0 keeps beating at the same position; rank 1 has gone quiet
+        clock.now += 1.0
+        monitor.handle(both[0])
+    head = culprit_line(monitor.stalled(LIMIT, 2))
+    assert "likely cause: rank 1 at step 3" in head and "(no heartbeat for 6.0s)" in head
+    assert "rank 0" not in head
+
+
+def test_no_verdict_before_the_limit_or_before_any_rank_started():
+    assert stuck([HUNG_IN_LOSS, WAITING_IN_BACKWARD], for_s=LIMIT - 1) == ""
+    assert StageMonitor().stalled(LIMIT, 2) == ""
+
+
+def test_finished_ranks_are_neither_stuck_nor_named():
+    clock = Clock()
+    monitor = StageMonitor(clock=clock)
+    monitor.handle(beat(0, 50, "finished", "the closing barrier"))
+    monitor.handle(Message(rank=0, header={"type": "done"}))
+    for _ in range(6):
+        clock.now += 1.0
+        monitor.handle(beat(1, 49, "sending a snapshot to the driver"))
+    report = monitor.stalled(LIMIT, 2)
+    assert "likely cause: rank 1 at step 49" in culprit_line(report)
+    assert "rank 0" not in report
+
+
+def test_ranks_that_keep_moving_are_not_stalled():
+    clock = Clock()
+    monitor = StageMonitor(clock=clock)
+    for steps in range(10):
+        clock.now += 1.0
+        monitor.handle(beat(0, steps, "forward pass"))
+        monitor.handle(beat(1, steps, "forward pass"))
+    assert monitor.stalled(LIMIT, 2) == ""
