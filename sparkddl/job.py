@@ -7,6 +7,7 @@ import time
 from dataclasses import asdict
 from typing import Any
 
+from sparkddl import spark_settings
 from sparkddl.data import DataSpec, prepare
 from sparkddl.errors import ConfigError, StoreError
 from sparkddl.preset import JobConfig, redacted
@@ -17,21 +18,10 @@ log = logging.getLogger(__name__)
 
 
 def spark_session(cfg: JobConfig) -> Any:
-    """The session for a job. Settings from spark-submit --conf and spark-defaults.conf win;
-    the preset only fills in what is unset (the master included)."""
-    from pyspark import SparkConf, SparkContext
-    from pyspark.sql import SparkSession
-
-    SparkContext._ensure_initialized()  # loads spark-submit's and spark-defaults' settings
-    conf = SparkConf()
-    if not conf.contains("spark.master"):
-        conf.setMaster(cfg.spark.master)
-    if not conf.contains("spark.app.name"):
-        conf.setAppName(cfg.spark.app_name)
-    for key, value in cfg.spark.conf.items():
-        if not conf.contains(key):
-            conf.set(key, str(value))
-    spark = SparkSession.builder.config(conf=conf).getOrCreate()
+    """The session for a job. Settings from spark-submit (or PYSPARK_SUBMIT_ARGS) and
+    spark-defaults.conf win; the preset only fills in what is unset (the master and JVM-level
+    settings included), see :mod:`sparkddl.spark_settings`."""
+    spark = spark_settings.session(cfg.spark.master, cfg.spark.app_name, cfg.spark.conf)
     spark.sparkContext.setLogLevel("ERROR")
     print(f"spark master: {spark.sparkContext.master}")
     return spark

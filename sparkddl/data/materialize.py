@@ -16,6 +16,7 @@ from typing import Any, Iterator
 
 from sparkddl.data import fingerprint as fp
 from sparkddl.data.dataset import Dataset, PreparedData, read_meta, write_meta
+from sparkddl.data.memory import heap_errors, row_group_bytes
 from sparkddl.data.plan import check_enough_rows, list_row_groups
 from sparkddl.data.schema import ColumnSpec, DataSpec, check_columns, column_spec, spark_kind
 from sparkddl.errors import DataError
@@ -65,7 +66,8 @@ def materialize(spark: Any, df: Any, spec: DataSpec, store: Store, *, num_worker
         cached = _cached(store, fp.fingerprint(identity))
         if cached:
             return cached
-    profile = _profile(selected, spec, kinds, split_col, content_hash=not by_files)
+    with heap_errors(spark.sparkContext, "profiling the training data"):
+        profile = _profile(selected, spec, kinds, split_col, content_hash=not by_files)
     _check(profile, spec, split_col, fraction, num_workers, batch_size)
     if not by_files:
         identity.update(content=profile.content_hash, rows=profile.rows)
@@ -75,7 +77,9 @@ def materialize(spark: Any, df: Any, spec: DataSpec, store: Store, *, num_worker
     key = fp.fingerprint(identity)
     columns = tuple(column_spec(c, spec.role(c), kinds[c], profile.lengths.get(c, (None,))[0],
                                 spec.declared_shape(c)) for c in spec.columns)
-    prepared = _write(selected, columns, store, key, profile, groups)
+    with heap_errors(spark.sparkContext, "writing the training data"):
+        prepared = _write(selected, columns, store, key, profile, groups,
+                          row_group_bytes(spark.sparkContext, ROW_GROUP_BYTES))
     write_meta(store, key, prepared)
     log.info("materialized %d rows (%d train, %d validation) to %s", profile.rows,
              prepared.train.rows, prepared.val.rows if prepared.val else 0,
@@ -199,7 +203,7 @@ def _check(p: Profile, spec: DataSpec, split_col: str | None, fraction: float,
 
 
 def _write(selected: Any, columns: tuple[ColumnSpec, ...], store: Store, key: str,
-           profile: Profile, min_groups: int) -> PreparedData:
+           profile: Profile, min_groups: int, group_bytes: int) -> PreparedData:
     row_bytes = sum(c.nbytes for c in columns) + 8
     total_bytes = profile.rows * row_bytes
     files = max(min_groups, math.ceil(total_bytes / FILE_BYTES))
@@ -207,7 +211,7 @@ def _write(selected: Any, columns: tuple[ColumnSpec, ...], store: Store, key: st
     encoded = selected.mapInArrow(functools.partial(encode_batches, columns),
                                   _output_schema(columns))
     (encoded.repartition(files).write.partitionBy(SPLIT_COL)
-     .option("parquet.block.size", str(ROW_GROUP_BYTES))
+     .option("parquet.block.size", str(group_bytes))
      .parquet(store.spark_url("data", key, parts)))
 
     def split(value: str) -> Dataset | None:

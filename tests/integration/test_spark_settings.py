@@ -1,0 +1,113 @@
+"""The preset's [spark] settings reach a job's driver JVM unless the user set them elsewhere:
+fresh processes, real JVMs, their real heaps."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from sparkddl.spark_settings import local_heap_mb
+from tests.integration.test_standalone import run_in_own_group
+
+ROOT = Path(__file__).resolve().parents[2]
+PRESET = str(ROOT / "conf" / "digits.toml")
+PROBE = str(ROOT / "tests" / "integration" / "scripts" / "session_probe.py")
+SETS = ["--set", "spark.master=local[1]", "--set", "spark.app_name=probe"]
+MEMORY = ["--set", "spark.conf.spark.driver.memory=1536m"]
+
+
+def probe(cmd: list[str], **env: str) -> tuple[dict, str]:
+    environ = {k: v for k, v in os.environ.items()
+               if k not in ("PYSPARK_SUBMIT_ARGS", "SPARK_DRIVER_MEMORY", "MASTER")}
+    proc = run_in_own_group(cmd, timeout=120, cwd=ROOT, env={**environ, **env})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("PROBE "))
+    # spark-submit merges its Python driver's stderr into its stdout
+    return json.loads(line[len("PROBE "):]), proc.stderr + proc.stdout
+
+
+def heap_matches(max_heap_mb: float, xmx_mb: int) -> bool:
+    # the JVM reports -Xmx less a survivor space, or rounded up to its heap region size
+    return 0.85 * xmx_mb <= max_heap_mb <= 1.01 * xmx_mb
+
+
+@pytest.mark.timeout(150)
+def test_the_presets_master_and_driver_memory_reach_the_jvm():
+    got, _ = probe([sys.executable, PROBE, PRESET, *SETS, *MEMORY])
+    assert got["master"] == "local[1]" and got["app_name"] == "probe"
+    assert heap_matches(got["max_heap_mb"], 1536), got
+
+
+@pytest.mark.timeout(150)
+def test_a_local_master_without_a_memory_setting_gets_half_the_machine():
+    got, err = probe([sys.executable, PROBE, PRESET, *SETS])
+    assert heap_matches(got["max_heap_mb"], local_heap_mb()), got
+    assert f"driver heap {local_heap_mb()}m for local[1]" in err
+
+
+@pytest.mark.timeout(150)
+def test_the_launchers_settings_win_over_the_preset():
+    args = "--driver-memory 1g --master local[2] pyspark-shell"
+    got, _ = probe([sys.executable, PROBE, PRESET, *SETS, *MEMORY], PYSPARK_SUBMIT_ARGS=args)
+    assert got["master"] == "local[2]"
+    assert heap_matches(got["max_heap_mb"], 1024), got
+
+
+@pytest.mark.timeout(150)
+def test_spark_submit_conf_wins_and_what_cannot_apply_is_said_once():
+    submit = str(Path(sys.executable).parent / "spark-submit")
+    got, err = probe([submit, "--conf", "spark.driver.memory=1g", PROBE, PRESET, *SETS,
+                      *MEMORY])
+    assert got["master"] == "local[1]"  # no --master given: the preset's applies
+    assert heap_matches(got["max_heap_mb"], 1024), got
+    # spark-submit's own value wins silently; nothing else was left unapplied
+    assert "not applied" not in err
+
+
+@pytest.mark.timeout(150)
+def test_a_jvm_setting_spark_submit_left_unset_is_named_when_it_cannot_apply():
+    submit = str(Path(sys.executable).parent / "spark-submit")
+    got, err = probe([submit, PROBE, PRESET, *SETS, *MEMORY])
+    assert got["master"] == "local[1]"
+    lines = [x for x in err.splitlines() if "not applied" in x]
+    assert lines == ["WARNING preset [spark] spark.driver.memory=1536m not applied: "
+                     "spark-submit started the driver JVM before the preset was read; pass it "
+                     "to spark-submit (it is Spark's default)"]
+
+
+def wide_table(path: Path, files: int, rows: int, width: int) -> None:
+    """Parquet files of one row group each: rows x width float32 arrays and a label."""
+    import numpy as np
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    path.mkdir()
+    rng = np.random.default_rng(0)
+    for i in range(files):
+        values = pa.array(rng.standard_normal(rows * width, dtype=np.float32))
+        features = pa.ListArray.from_arrays(pa.array(np.arange(0, rows * width + 1, width,
+                                                               dtype=np.int32)), values)
+        table = pa.table({"features": features, "label": pa.array(rng.integers(0, 10, rows))})
+        pq.write_table(table, path / f"part-{i}.parquet", row_group_size=rows)
+
+
+@pytest.mark.timeout(200)
+def test_preparation_out_of_heap_is_a_clear_error_naming_the_setting(tmp_path):
+    wide_table(tmp_path / "wide", files=2, rows=25_000, width=1024)  # 2 x 100 MB row groups
+    args = ["prepare", PRESET, "--set", "spark.master=local[2]",
+            "--set", "spark.conf.spark.driver.memory=512m",
+            "--set", f"data.source=parquet:{tmp_path / 'wide'}",
+            "--set", f"train.store={tmp_path / 'store'}", "--set", f"output.dir={tmp_path}"]
+    environ = {k: v for k, v in os.environ.items() if k != "PYSPARK_SUBMIT_ARGS"}
+    cli = str(Path(sys.executable).parent / "sparkddl")
+    proc = run_in_own_group([cli, *args], timeout=180, cwd=ROOT, env=environ)
+    assert proc.returncode != 0
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("sparkddl: error: profiling the training data ran out of Java heap "
+                           "with spark.driver.memory=512m shared by 2 tasks at once on "
+                           "local[2]"), proc.stderr[-3000:]
+    assert "raise spark.driver.memory" in last and "java.lang.OutOfMemoryError" in last
+    assert not list((tmp_path / "store").rglob("meta.json"))  # nothing recorded as prepared
