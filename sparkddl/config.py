@@ -16,6 +16,7 @@ from sparkddl.errors import ConfigError
 from sparkddl.train.metrics import MODES
 
 FINAL_WEIGHTS = ("best", "last")
+_NO_DEFAULT = object()
 
 
 @dataclass
@@ -24,43 +25,148 @@ class StrategyConfig:
     options: dict[str, Any] = field(default_factory=dict)
 
 
+def _columns(value: Any) -> tuple[str, ...]:
+    """One column name or several."""
+    return (value,) if isinstance(value, str) else tuple(value)
+
+
+def _metrics(value: Any) -> Any:
+    """One name or callable, several, or a name -> callable dict."""
+    if value is None or isinstance(value, dict):
+        return value
+    if isinstance(value, str) or callable(value):
+        return (value,)
+    return tuple(value)
+
+
+def _shapes(value: Any) -> dict[str, tuple[int, ...]]:
+    return {k: tuple(v) for k, v in (value or {}).items()}
+
+
+def _options(value: Any) -> dict[str, Any]:
+    return dict(value or {})
+
+
+def option(default: Any, doc: str, *, param: str | None, convert: str | None = None,
+           preset: str | None = "train", preset_default: Any = _NO_DEFAULT,
+           preset_type: Any = None, normalize: Any = None, model_param: bool = False) -> Any:
+    """A TrainConfig field and everything derived from it, declared once.
+
+    ``param``: the Spark ML Param's name (camelCase; None: no Param), ``convert``: the name
+    of its pyspark ``TypeConverters`` function (or of a converter in ``sparkddl.ml.params``);
+    ``preset``: the preset section holding the key (same snake_case name; None: not a preset
+    key), with ``preset_default`` where a job's default differs and ``preset_type`` where
+    TOML needs another type (lists for tuples); ``normalize``: turns a Param's or a preset's
+    value into the config's; ``model_param``: the fitted TorchModel has the Param too.
+    """
+    meta = {"doc": doc, "param": param, "convert": convert, "preset": preset,
+            "preset_default": default if preset_default is _NO_DEFAULT else preset_default,
+            "preset_type": preset_type, "normalize": normalize, "model_param": model_param}
+    if isinstance(default, (dict, list)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
 @dataclass
 class TrainConfig:
-    """Everything a fit needs besides the model, optimizer and loss objects."""
+    """Everything a fit needs besides the model, optimizer and loss objects: the one schema
+    from which the Params of TorchEstimator/TorchModel, the preset's [data] and [train] keys,
+    and their defaults and docs are derived (see ``option``)."""
 
-    features: tuple[str, ...] = ("features",)
-    label: str = "label"
-    epochs: int = 10
-    batch_size: int = 32  # per worker; the global batch is batch_size * num_workers
-    num_workers: int = 2
-    validation: float | str | None = None
-    store: str = "file:///tmp/sparkddl"
-    seed: int = 0
-    snapshot_every: int = 1
-    best_by: str | None = None  # default: val_loss with validation data, train_loss without
-    best_mode: str = "auto"  # min | max | auto (min for losses and errors, else max)
-    early_stopping_patience: int = 0  # evaluated snapshots without improvement; 0 = off
-    final_weights: str = "best"
-    learning_rate: float | None = None  # if set, overrides the optimizer's learning rate(s)
-    metrics: Any = None  # names/callables, or a name -> callable dict; None: accuracy for
-    # classifiers
-    feature_shapes: dict[str, tuple[int, ...]] = field(default_factory=dict)
-    shuffle_buffer: int = 10_000
-    reader_workers: int = 2
-    reader_pool: str = "thread"
-    reader: str = "auto"  # auto | petastorm | arrow
-    use_gpu: bool = False
-    timeout_s: float | None = None
-    strategy: StrategyConfig = field(default_factory=StrategyConfig)
-    progress: bool = True
-    # snapshots larger than this go through the Store, with only a notice on the channel
-    snapshot_channel_bytes: int = 32 << 20
-    checkpoint_every: int = 1  # epochs; 0 = never
-    checkpoint_every_steps: int = 0  # also every N steps inside epochs; 0 = never
-    keep_checkpoints: int = 3
-    max_restarts: int = 2  # barrier stage relaunches after a failure, resuming
-    run_id: str | None = None  # resume this run from its last good checkpoint
-    watchdog_s: float | None = 900.0  # a rank without progress this long fails the attempt
+    features: tuple[str, ...] = option(
+        ("features",), "feature column, or a list of them; each a Vector, a fixed-length "
+        "numeric array or a numeric column (several columns are passed to the model as "
+        "several inputs)", param="featuresCol", convert="features", preset="data",
+        preset_type=list[str], normalize=_columns, model_param=True)
+    label: str = option("label", "label column name", param="labelCol", convert="toString",
+                        preset="data")
+    epochs: int = option(10, "passes over the training data", param="epochs", convert="toInt")
+    batch_size: int = option(32, "rows per step on each worker (global batch = batchSize x "
+                             "numWorkers)", param="batchSize", convert="toInt")
+    num_workers: int = option(2, "ranks (barrier tasks) to train with", param="numWorkers",
+                              convert="toInt")
+    validation: float | str | None = option(
+        None, "fraction of rows held out for validation, or the name of a boolean/0-1 column "
+        "marking them; None: no validation", param="validation", preset="data",
+        preset_default=0.2)
+    store: str = option("file:///tmp/sparkddl", "where data and run artifacts go (path, "
+                        "file://, hdfs://, s3://, dbfs:/)", param="store", convert="toString",
+                        preset_default="runs/store")
+    seed: int = option(0, "seed for initialization, data order and the validation split",
+                       param="seed", convert="toInt", preset="data")
+    snapshot_every: int = option(1, "hand a model snapshot to the driver every N epochs",
+                                 param="snapshotEvery", convert="toInt")
+    best_by: str | None = option(
+        None, "metric choosing the best snapshot (val_loss, val_accuracy, train_loss, ...); "
+        "default val_loss, or train_loss without validation", param="bestBy")
+    best_mode: str = option("auto", "min or max: whether a lower or a higher bestBy is better; "
+                            "auto: min for losses and errors, max otherwise",
+                            param="bestByMode", convert="toString")
+    early_stopping_patience: int = option(
+        0, "stop after this many evaluated snapshots without improvement of bestBy; 0 = never",
+        param="earlyStoppingPatience", convert="toInt")
+    final_weights: str = option("best", "weights of the returned model: best or last",
+                                param="finalWeights", convert="toString")
+    learning_rate: float | None = option(
+        None, "if set, overrides the optimizer's learning rate", param="learningRate",
+        preset=None)  # presets set optimizer.lr
+    metrics: Any = option(None, "metric names (accuracy, mse, mae) or callables; default: "
+                          "accuracy for classifiers", param="metrics",
+                          preset_type=list[str] | None, normalize=_metrics)
+    feature_shapes: dict[str, tuple[int, ...]] = option(
+        {}, "optional per-feature-column shape, e.g. {'features': [1, 8, 8]}",
+        param="featureShapes", preset="data", preset_type=dict[str, list[int]],
+        normalize=_shapes, model_param=True)
+    shuffle_buffer: int = option(10_000, "rows in each worker's shuffle buffer",
+                                 param="shuffleBufferSize", convert="toInt")
+    reader_workers: int = option(2, "threads reading Parquet ahead on each worker",
+                                 param="readerWorkers", convert="toInt")
+    reader_pool: str = option("thread", "how each worker reads ahead: thread (readerWorkers "
+                              "threads) or dummy (inline, no threads)", param="readerPool",
+                              convert="toString")
+    reader: str = option("auto", "Parquet reader: auto (Petastorm where it loads, else Arrow), "
+                         "petastorm or arrow", param="reader", convert="toString")
+    use_gpu: bool = option(False, "train on the GPUs Spark assigns to the tasks",
+                           param="useGpu", convert="toBoolean")
+    timeout_s: float | None = option(None, "wall-clock limit of the whole fit in seconds, all "
+                                     "attempts together (None: no limit)", param="timeout")
+    strategy: str = option("allreduce", "training strategy name", param="strategy",
+                           convert="toString")
+    strategy_options: dict[str, Any] = option({}, "options of the strategy (dict)",
+                                              param="strategyOptions", normalize=_options)
+    progress: bool = option(True, "show progress on the driver", param="progress",
+                            convert="toBoolean")
+    snapshot_channel_bytes: int = option(
+        32 << 20, "snapshots larger than this go through the Store, with only a notice on "
+        "the channel", param=None, preset=None)
+    checkpoint_every: int = option(1, "write a checkpoint every N epochs (0: never)",
+                                   param="checkpointEvery", convert="toInt")
+    checkpoint_every_steps: int = option(0, "also every N steps inside epochs (0: never)",
+                                         param="checkpointEverySteps", convert="toInt")
+    keep_checkpoints: int = option(3, "checkpoints kept per run (the newest)",
+                                   param="keepCheckpoints", convert="toInt")
+    max_restarts: int = option(2, "relaunches of the barrier stage after a failure, each "
+                               "resuming from the last good checkpoint", param="maxRestarts",
+                               convert="toInt")
+    run_id: str | None = option(None, "resume this earlier run from its last good checkpoint "
+                                "(None: a new run)", param="runId")
+    watchdog_s: float | None = option(900.0, "seconds without progress on a rank before the "
+                                      "attempt is failed (None: no watchdog)",
+                                      param="watchdogTimeout")
+
+    @property
+    def strategy_config(self) -> StrategyConfig:
+        return StrategyConfig(self.strategy, dict(self.strategy_options))
+
+    @classmethod
+    def from_values(cls, values: dict[str, Any]) -> "TrainConfig":
+        """A config from field values as Params or presets give them (normalized here)."""
+        out = {}
+        for f in dataclasses.fields(cls):
+            if f.name in values:
+                normalize = f.metadata["normalize"]
+                out[f.name] = normalize(values[f.name]) if normalize else values[f.name]
+        return cls(**out)
 
     def validate(self) -> "TrainConfig":
         _positive_int("epochs", self.epochs)

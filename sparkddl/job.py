@@ -48,27 +48,14 @@ def run_prepare(cfg: JobConfig) -> dict[str, Any]:
 
 
 def run_train(cfg: JobConfig) -> dict[str, Any]:
-    from sparkddl.ml import TorchEstimator
+    from sparkddl.ml import TorchEstimator, params
 
     out_dir = output_store(cfg)
     spark = spark_session(cfg)
     train_df, test_df = split_data(spark, cfg)
     t = cfg.train_config()
-    est = TorchEstimator(
-        model=_model(cfg), optimizer=_optimizer(cfg), loss=cfg.loss.name,
-        featuresCol=list(t.features), labelCol=t.label, batchSize=t.batch_size, epochs=t.epochs,
-        numWorkers=t.num_workers, validation=t.validation, store=t.store, strategy=t.strategy.name,
-        strategyOptions=t.strategy.options, snapshotEvery=t.snapshot_every, bestBy=t.best_by,
-        bestByMode=t.best_mode,
-        earlyStoppingPatience=t.early_stopping_patience, finalWeights=t.final_weights,
-        metrics=list(t.metrics) if t.metrics is not None else None, seed=t.seed,
-        shuffleBufferSize=t.shuffle_buffer, readerWorkers=t.reader_workers,
-        readerPool=t.reader_pool, reader=t.reader, useGpu=t.use_gpu,
-        timeout=t.timeout_s, progress=t.progress,
-        featureShapes={k: list(v) for k, v in t.feature_shapes.items()},
-        checkpointEvery=t.checkpoint_every, checkpointEverySteps=t.checkpoint_every_steps,
-        keepCheckpoints=t.keep_checkpoints, maxRestarts=t.max_restarts, runId=t.run_id,
-        watchdogTimeout=t.watchdog_s)
+    est = TorchEstimator(model=_model(cfg), optimizer=_optimizer(cfg), loss=cfg.loss.name,
+                         **params.param_values(t))
     started = time.perf_counter()
     model = est.fit(train_df)
     fit_s = time.perf_counter() - started

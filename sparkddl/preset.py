@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from sparkddl.config import StrategyConfig, TrainConfig
+from sparkddl.config import TrainConfig
 from sparkddl.errors import ConfigError
 
 
@@ -29,15 +29,29 @@ class SparkSection:
     conf: dict[str, Any] = field(default_factory=dict)  # applied only where not already set
 
 
-@dataclass
-class DataSection:
-    source: str = "sklearn:digits"  # sklearn:<name> | table:<name> | parquet:<path> | <path>
-    features: list[str] = field(default_factory=lambda: ["features"])
-    label: str = "label"
-    validation: float | str | None = 0.2
-    test_fraction: float = 0.2  # held out for evaluate
-    seed: int = 0
-    feature_shapes: dict[str, list[int]] = field(default_factory=dict)
+def _section_from_config(name: str, extra: list[tuple[str, Any, Any]]) -> type:
+    """A preset section: the job-only keys in ``extra`` (name, type, field), then every
+    TrainConfig field whose option lives in this section, with its preset default and type.
+    Adding an option to TrainConfig adds its preset key here."""
+    fields = list(extra)
+    for f in dataclasses.fields(TrainConfig):
+        meta = f.metadata
+        if meta["preset"] != name:
+            continue
+        hint = meta["preset_type"] or typing.get_type_hints(TrainConfig)[f.name]
+        default = meta["preset_default"]
+        if isinstance(default, tuple):
+            default = list(default)
+        made = (field(default_factory=lambda d=default: type(d)(d))
+                if isinstance(default, (dict, list)) else field(default=default))
+        fields.append((f.name, hint, made))
+    return dataclasses.make_dataclass(f"{name.capitalize()}Section", fields)
+
+
+DataSection = _section_from_config("data", [
+    ("source", str, field(default="sklearn:digits")),  # sklearn:<name> | table: | parquet: | path
+    ("test_fraction", float, field(default=0.2)),  # held out for evaluate
+])
 
 
 @dataclass
@@ -58,33 +72,7 @@ class LossSection:
     name: str = "cross_entropy"
 
 
-@dataclass
-class TrainSection:
-    epochs: int = 10
-    batch_size: int = 32
-    num_workers: int = 2
-    metrics: list[str] | None = None
-    best_by: str | None = None
-    best_mode: str = "auto"
-    early_stopping_patience: int = 0
-    snapshot_every: int = 1
-    final_weights: str = "best"
-    strategy: str = "allreduce"
-    strategy_options: dict[str, Any] = field(default_factory=dict)
-    store: str = "runs/store"
-    shuffle_buffer: int = 10_000
-    reader_workers: int = 2
-    reader_pool: str = "thread"
-    reader: str = "auto"
-    use_gpu: bool = False
-    timeout_s: float | None = None
-    progress: bool = True
-    checkpoint_every: int = 1
-    checkpoint_every_steps: int = 0
-    keep_checkpoints: int = 3
-    max_restarts: int = 2
-    run_id: str | None = None
-    watchdog_s: float | None = 900.0
+TrainSection = _section_from_config("train", [])
 
 
 @dataclass
@@ -103,20 +91,8 @@ class JobConfig:
     output: OutputSection = field(default_factory=OutputSection)
 
     def train_config(self) -> TrainConfig:
-        d, t = self.data, self.train
-        return TrainConfig(
-            features=tuple(d.features), label=d.label, epochs=t.epochs, batch_size=t.batch_size,
-            num_workers=t.num_workers, validation=d.validation, store=t.store, seed=d.seed,
-            snapshot_every=t.snapshot_every, best_by=t.best_by, best_mode=t.best_mode,
-            early_stopping_patience=t.early_stopping_patience, final_weights=t.final_weights,
-            metrics=tuple(t.metrics) if t.metrics is not None else None,
-            feature_shapes={k: tuple(v) for k, v in d.feature_shapes.items()},
-            shuffle_buffer=t.shuffle_buffer, reader_workers=t.reader_workers,
-            reader_pool=t.reader_pool, reader=t.reader, use_gpu=t.use_gpu,
-            timeout_s=t.timeout_s, strategy=StrategyConfig(t.strategy, dict(t.strategy_options)),
-            progress=t.progress, checkpoint_every=t.checkpoint_every,
-            checkpoint_every_steps=t.checkpoint_every_steps, keep_checkpoints=t.keep_checkpoints,
-            max_restarts=t.max_restarts, run_id=t.run_id, watchdog_s=t.watchdog_s).validate()
+        values = {**dataclasses.asdict(self.data), **dataclasses.asdict(self.train)}
+        return TrainConfig.from_values(values).validate()
 
 
 _SECRET = re.compile(r"secret|password|passwd|token|credential|access.?key|private|auth",

@@ -102,7 +102,7 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
     _check_best_by_early(config)
     sc = spark.sparkContext
     preflight.check_cluster(sc, config.num_workers, config.use_gpu)
-    strategies.create(config.strategy.name, config.strategy.options)  # unknown names/options
+    strategies.create(config.strategy, config.strategy_options)  # unknown names/options
     factory, recipe, loss_fn, store, data, task, metrics, best_by = _prepare(
         df, model, optimizer, loss, config)
     run_id = config.run_id or new_run_id()
@@ -114,7 +114,7 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
     spec = TrainSpec(run_id=run_id, model_factory=factory, optimizer=recipe, loss=loss_fn,
                      metrics=metrics, plan=plan, features=config.features, label=config.label,
                      epochs=config.epochs, snapshot_every=config.snapshot_every,
-                     strategy=config.strategy, seed=config.seed, store_root=store.root,
+                     strategy=config.strategy_config, seed=config.seed, store_root=store.root,
                      learning_rate=config.learning_rate,
                      max_snapshot_bytes=config.snapshot_channel_bytes,
                      checkpoint_every=config.checkpoint_every,
@@ -129,7 +129,7 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
                         samples_per_step=config.batch_size * config.num_workers)
     log.info("fit %s: %d workers x batch %d, %d steps per epoch, %d epochs, strategy %s",
              run_id, config.num_workers, config.batch_size, plan.steps_per_epoch, config.epochs,
-             config.strategy.name)
+             config.strategy)
     try:
         summary, restarts = _attempts(sc, spec, config, store, evaluator, progress, started)
     finally:

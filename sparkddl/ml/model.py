@@ -11,7 +11,8 @@ from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable
 
 from sparkddl.ml import architecture
 from sparkddl.ml.inference import ModelPayload, udf_function
-from sparkddl.ml.params import HasTorchModelParams
+from sparkddl.config import TrainConfig
+from sparkddl.ml._params import HasTorchModelParams
 from sparkddl.store import Store
 
 
@@ -72,7 +73,7 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
         from pyspark.sql import functions as F
         from pyspark.sql.functions import pandas_udf
 
-        features = list(self.feature_columns())
+        features = list(TrainConfig.from_values({"features": self.getFeaturesCol()}).features)
         types = {f.name: type(f.dataType).__name__ for f in dataset.schema.fields}
         inputs = []
         for name in features:

@@ -57,7 +57,7 @@ def run_calibration(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any,
     spec = TrainSpec(run_id=new_run_id(), model_factory=model_factory(model),
                      optimizer=optimizer_recipe(optimizer), loss=resolve_loss(loss), metrics={},
                      plan=plan, features=config.features, label=config.label, epochs=1,
-                     snapshot_every=1, strategy=config.strategy, seed=config.seed,
+                     snapshot_every=1, strategy=config.strategy_config, seed=config.seed,
                      store_root=store.root, learning_rate=config.learning_rate)
     payload = serialize_call(calibrate, (spec, list(candidates),
                                          min(plan.steps_per_epoch, 50)), {})

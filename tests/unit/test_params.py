@@ -60,3 +60,27 @@ def test_time_limits_must_be_positive_seconds_or_unset():
                                               rf"got {value!r}"):
             _estimator(**{name: value}).train_config().validate()
     _estimator(timeout=None, watchdogTimeout=2.5).train_config().validate()
+
+
+def test_the_generated_params_module_is_current():
+    """sparkddl/ml/_params.py is written from TrainConfig; an option added there without
+    regenerating (`python -m sparkddl.ml.params`) fails here."""
+    from sparkddl.ml import params
+    assert params.GENERATED.read_text(encoding="utf-8") == params.generate()
+
+
+def test_params_and_config_fields_and_defaults_are_one_table():
+    from sparkddl.config import TrainConfig
+    from sparkddl.ml import params
+    est, config = _estimator(), TrainConfig()
+    # defaults agree: a fresh estimator's config is the schema's default config
+    assert est.train_config() == config
+    # every config field with a Param round-trips through Param values
+    changed = config.replace(features=("a", "b"), feature_shapes={"a": (2, 2)}, epochs=4,
+                             metrics=("mse",), strategy_options={"period": 2})
+    assert params.train_config(params.param_values(changed)) == changed
+    # explicit accessors on both classes, with the Param's doc
+    from sparkddl import TorchModel
+    assert est.setBatchSize(7).getBatchSize() == 7
+    assert TorchModel().setPredictionCol("p").getPredictionCol() == "p"
+    assert "rows per step" in TorchEstimator.getBatchSize.__doc__
