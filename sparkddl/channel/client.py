@@ -14,6 +14,7 @@ import threading
 from typing import Any, Callable
 
 from sparkddl.channel import protocol
+from sparkddl.channel.messages import Body, Hello
 
 log = logging.getLogger(__name__)
 
@@ -30,8 +31,7 @@ class RankChannel:
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         protocol.client_handshake(self._sock, secret)
         self._sock.settimeout(None)
-        protocol.send_frame(self._sock, {"type": "hello", "rank": rank,
-                                         "host": socket.gethostname(), "pid": os.getpid()})
+        protocol.send_frame(self._sock, Hello(rank, socket.gethostname(), os.getpid()).header())
         # items are frames to send, or an Event to set once everything before it was sent
         self._queue: queue.Queue[tuple[dict[str, Any], bytes] | threading.Event | None] = \
             queue.Queue()
@@ -49,6 +49,10 @@ class RankChannel:
     def send(self, header: dict[str, Any], payload: bytes = b"") -> None:
         if not self._broken:
             self._queue.put((header, payload))
+
+    def post(self, message: Body, payload: bytes = b"") -> None:
+        """Send a typed message (see ``sparkddl.channel.messages``)."""
+        self.send(message.header(), payload)
 
     def flush(self, timeout: float = 10.0) -> bool:
         """Wait until every queued frame has been written; False if that took too long."""

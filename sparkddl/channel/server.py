@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from sparkddl.channel import protocol
+from sparkddl.channel.messages import Body, Closed, Hello, parse
 
 log = logging.getLogger(__name__)
 
@@ -28,6 +29,11 @@ class Message:
     @property
     def type(self) -> str:
         return str(self.header.get("type", ""))
+
+    @functools.cached_property
+    def body(self) -> Body | None:
+        """The typed message (None for an unknown kind)."""
+        return parse(self.header)
 
 
 Handler = Callable[[Message], None]
@@ -123,7 +129,7 @@ class DriverChannel:
             conn.sock.settimeout(HANDSHAKE_TIMEOUT_S)
             protocol.server_handshake(conn.sock, self.secret)
             header, _ = protocol.recv_frame(conn.sock, max_payload=0)
-            if header.get("type") != "hello" or not isinstance(header.get("rank"), int):
+            if not isinstance(parse(header), Hello) or not isinstance(header.get("rank"), int):
                 raise protocol.ProtocolError("first frame was not a hello with a rank")
             conn.rank = header["rank"]
             conn.sock.settimeout(None)
@@ -141,7 +147,7 @@ class DriverChannel:
         except protocol.ProtocolError as exc:
             self._reject(conn, exc)
         except OSError:  # the rank closed its end: normal at the end of a task, after "done"
-            self._dispatch(Message(conn.rank, {"type": "closed"}))
+            self._dispatch(Message(conn.rank, Closed().header()))
         finally:
             with self._lock:
                 if conn in self._conns:

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from sparkddl import checkpoint
+from sparkddl.channel import messages
 from sparkddl.store import Store
 from sparkddl.train.components import build_module
 
@@ -79,9 +80,9 @@ class SnapshotEvaluator:
         with self._lock:
             self.rows[int(row["epoch"])] = {**self.rows.get(int(row["epoch"]), {}), **row}
 
-    def submit(self, header: dict[str, Any], payload: bytes,
+    def submit(self, snapshot: messages.Snapshot, payload: bytes,
                reply: Callable[[dict[str, Any]], None]) -> None:
-        self._queue.put(("snapshot", header, payload, reply))
+        self._queue.put(("snapshot", snapshot, payload, reply))
 
     def checkpointed(self, epochs_done: int) -> None:
         self._queue.put(("checkpoint", epochs_done))
@@ -149,11 +150,11 @@ class SnapshotEvaluator:
             "best_value": best.value, "since_best": best.since,
             "best_model": best.snap.state if best.snap else None})
 
-    def _handle(self, header: dict[str, Any], payload: bytes,
+    def _handle(self, snapshot: messages.Snapshot, payload: bytes,
                 reply: Callable[[dict[str, Any]], None]) -> None:
         import torch
-        epoch = int(header["epoch"])
-        data = self.store.read_bytes(header["url"]) if "url" in header else payload
+        epoch = snapshot.epoch
+        data = self.store.read_bytes(snapshot.url) if snapshot.url else payload
         state = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
         snap = Snapshot(epoch, state)
         scores = self._evaluate(state) if self.val is not None else {}
@@ -179,7 +180,7 @@ class SnapshotEvaluator:
             log.info("%s has not improved for %d evaluated snapshots (best %.5g at epoch %d); "
                      "asking the ranks to stop", self.best_by, b.since, b.value,
                      b.snap.epoch if b.snap else -1)
-            reply({"type": "stop", "epoch": snap.epoch})
+            reply(messages.Stop(snap.epoch).header())
 
     def _evaluate(self, state: dict[str, Any]) -> dict[str, float]:
         import torch

@@ -1,17 +1,27 @@
 """Driver-side handling of what ranks send: live logs and failure reports."""
 from __future__ import annotations
 
+import logging
 import re
 import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
+from sparkddl.channel import messages as m
 from sparkddl.channel.server import Message
 from sparkddl.errors import RankFailure
 
-MessageHook = Callable[[Message], None]
+log = logging.getLogger(__name__)
+
+# a handler gets the frame (rank, payload, reply) and its typed message
+Handler = Callable[[Message, Any], None]
+Handlers = dict[type, Handler]
+
+# the least time a rank may take to start (import torch, join the rendezvous) before the
+# watchdog names it, whatever watchdogTimeout is
+START_LIMIT_S = 300.0
 
 
 @dataclass
@@ -26,6 +36,7 @@ class Beat:
     epoch: int | None
     step: int | None
     collective: str  # the collective it waits in ('' when none)
+    starting: bool = False  # before the rendezvous completed
 
     def describe(self, now: float) -> str:
         where = f", epoch {self.epoch} step {self.step}" if self.epoch is not None else ""
@@ -36,15 +47,17 @@ class Beat:
 
 
 class StageMonitor:
-    """Prints rank output as it arrives and records rank failures.
+    """Routes what the ranks send through one table (message class -> handlers): prints rank
+    output as it arrives, relays the rendezvous, records failures, heartbeats and ranks
+    that finished or whose connection closed; ``handlers`` adds the caller's own (metrics,
+    snapshots, ...), run after the monitor's for the same class.
 
     ``wake`` is set whenever something the waiting driver must react to happens (a failure
-    report); ``hook`` receives every other message type (metrics, snapshots, ...).
+    report).
     """
 
-    def __init__(self, hook: MessageHook | None = None,
+    def __init__(self, handlers: Handlers | None = None,
                  clock: Callable[[], float] = time.monotonic):
-        self.hook = hook
         self.clock = clock  # when heartbeats arrive and the watchdog looks (tests set it)
         self.failures: dict[int, RankFailure] = {}
         self.wake = threading.Event()
@@ -56,6 +69,12 @@ class StageMonitor:
         self._first_beat: float | None = None
         self.done: set[int] = set()  # ranks that finished their function
         self.closed: dict[int, float] = {}  # rank -> when its connection closed
+        self.table: dict[type, list[Handler]] = {
+            m.Hello: [self._relay_rendezvous], m.Rendezvous: [self._relay_rendezvous],
+            m.Log: [self._print], m.Error: [self._failed], m.Closed: [self._closed],
+            m.Heartbeat: [self._beat], m.Done: [self._done]}
+        for kind, handler in (handlers or {}).items():
+            self.table.setdefault(kind, []).append(handler)
 
     def died_silently(self, before: float) -> list[int]:
         """Ranks whose connection closed before ``before`` without a "done" or a failure
@@ -70,87 +89,90 @@ class StageMonitor:
             return len(set(self.failures) | (set(self.closed) - self.done))
 
     def handle(self, msg: Message) -> None:
-        if msg.type in ("hello", "rendezvous"):
-            self._relay_rendezvous(msg)
-        elif msg.type == "log":
-            self._print(msg)
-        elif msg.type == "error":
-            with self._lock:
-                self.failures[msg.rank] = RankFailure(
-                    rank=msg.rank, message=str(msg.header.get("message", "")),
-                    traceback=str(msg.header.get("traceback", "")),
-                    host=str(msg.header.get("host", "")),
-                    status=dict(msg.header.get("status") or {}))
-            self.wake.set()
-        elif msg.type == "closed":
-            with self._lock:
-                self.closed.setdefault(msg.rank, time.monotonic())
-        else:
-            if msg.type == "heartbeat":
-                self._beat(msg)
-            if msg.type == "done":
-                with self._lock:
-                    self.done.add(msg.rank)
-            elif self.hook is not None:
-                self.hook(msg)
+        body = msg.body
+        if body is None:
+            log.debug("ignoring a %r frame from rank %d", msg.type, msg.rank)
+            return
+        for handler in self.table.get(type(body), ()):
+            handler(msg, body)
 
-    def _relay_rendezvous(self, msg: Message) -> None:
+    def _failed(self, msg: Message, body: m.Error) -> None:
+        with self._lock:
+            self.failures[msg.rank] = RankFailure(
+                rank=msg.rank, message=body.message, traceback=body.traceback,
+                host=body.host, status=dict(body.status or {}))
+        self.wake.set()
+
+    def _closed(self, msg: Message, body: m.Closed) -> None:
+        with self._lock:
+            self.closed.setdefault(msg.rank, time.monotonic())
+
+    def _done(self, msg: Message, body: m.Done) -> None:
+        with self._lock:
+            self.done.add(msg.rank)
+
+    def _relay_rendezvous(self, msg: Message, body: m.Hello | m.Rendezvous) -> None:
         """Rank 0 reports its store's real port; every rank gets it, whenever it connects.
         (Spark's allGather would do the same but polls in one-second sleeps.)"""
         with self._lock:
-            if msg.type == "rendezvous" and msg.rank == 0:
-                self._rendezvous = {"type": "rendezvous", "port": msg.header.get("port")}
+            if isinstance(body, m.Rendezvous) and msg.rank == 0:
+                self._rendezvous = body.header()
                 self.broadcast(self._rendezvous)
-            elif msg.type == "hello" and self._rendezvous is not None:
+            elif isinstance(body, m.Hello) and self._rendezvous is not None:
                 msg.reply(self._rendezvous)
 
-    def _beat(self, msg: Message) -> None:
-        h = msg.header
-        collective = str(h.get("collective") or "")
-        position = (h.get("steps"), h.get("epoch"), h.get("step"), h.get("phase"), collective)
+    def _beat(self, msg: Message, body: m.Heartbeat) -> None:
+        position = (body.steps, body.epoch, body.step, body.phase, body.collective,
+                    body.starting)
         now = self.clock()
         with self._lock:
             if self._first_beat is None:
                 self._first_beat = now
             old = self.beats.get(msg.rank)
             moved = now if old is None or old.position != position else old.moved_at
-            self.beats[msg.rank] = Beat(position, moved, now, str(h.get("phase", "")),
-                                        int(h.get("steps") or 0), _int(h.get("epoch")),
-                                        _int(h.get("step")), collective)
+            self.beats[msg.rank] = Beat(position, moved, now, body.phase, int(body.steps),
+                                        body.epoch, body.step, body.collective, body.starting)
 
     def stalled(self, limit_s: float, world: int) -> str:
-        """'' while every rank moves; otherwise what the watchdog reports. Once any rank has
-        reported, every rank must report within ``limit_s``; ranks that finished are out."""
+        """'' while the ranks the others wait for still move; otherwise what the watchdog
+        reports. A rank still starting (importing torch, joining the rendezvous) or that has
+        not reported yet gets ``max(limit_s, START_LIMIT_S)``: a loaded machine may take
+        seconds to start a Python worker, and that is not a hang. Ranks that finished are
+        out. A rank that waits in a collective never fires the watchdog by itself: the rank
+        it waits for (see ``blamed``) must have stopped too."""
         now = self.clock()
         with self._lock:
             if self._first_beat is None:
                 return ""  # no rank has started yet: Spark may still be scheduling the tasks
             beats = {r: b for r, b in self.beats.items() if r not in self.done}
             active = [r for r in range(world) if r not in self.done]
-            waited = now - self._first_beat
-        stuck = any(now - b.moved_at > limit_s for b in beats.values())
-        if not stuck and not (waited > limit_s and any(r not in beats for r in active)):
+            first = self._first_beat
+        start_limit = max(limit_s, START_LIMIT_S)
+
+        def over(rank: int) -> bool:
+            if rank not in beats:
+                return now - first > start_limit
+            beat = beats[rank]
+            return now - beat.moved_at > (start_limit if beat.starting else limit_s)
+
+        if not any(over(r) for r in blamed(beats, active, limit_s, now)):
             return ""
         return watchdog_report(beats, active, limit_s, now)
 
-    def _print(self, msg: Message) -> None:
-        stream_name = "stderr" if msg.header.get("stream") == "stderr" else "stdout"
+    def _print(self, msg: Message, body: m.Log) -> None:
+        stream_name = "stderr" if body.stream == "stderr" else "stdout"
         key = (msg.rank, stream_name)
         text = msg.payload.decode("utf-8", "replace")
         with self._lock:
             pieces = self._partial.setdefault(key, [])
             pieces.append(text)
-            if msg.header.get("partial"):
+            if body.partial:
                 return
             line = "".join(self._partial.pop(key))
         # looked up at write time so notebooks and test captures that swap streams see it
         stream = sys.stderr if stream_name == "stderr" else sys.stdout
         stream.write(f"[rank {msg.rank}] {line}\n")
         stream.flush()
-
-
-def _int(value: object) -> int | None:
-    return None if value is None else int(value)  # type: ignore[arg-type]
 
 
 def blamed(beats: dict[int, Beat], active: list[int], limit_s: float, now: float

@@ -2,23 +2,13 @@
 from __future__ import annotations
 
 import logging
-import uuid
 from typing import Any, Callable
 
-from sparkddl.channel.server import DriverChannel
 from sparkddl.config import optional_positive_int, positive_seconds
 from sparkddl.launch import preflight
-from sparkddl.launch.pickling import serialize_call
-from sparkddl.launch.stage import run_stage
-from sparkddl.task.spec import TaskSpec
+from sparkddl.launch.launcher import launch_ranks, new_run_id
 
 log = logging.getLogger(__name__)
-
-DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
-
-
-def new_run_id() -> str:
-    return uuid.uuid4().hex[:12]
 
 
 def spark_session(spark: Any = None) -> Any:
@@ -27,22 +17,6 @@ def spark_session(spark: Any = None) -> Any:
         return spark
     from pyspark.sql import SparkSession
     return SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
-
-
-def spec_factory(sc: Any, run_id: str, payload: bytes, num_workers: int, *,
-                 use_gpu: bool = False, timeout_s: float | None = None,
-                 torch_threads: int | None = None, attempt: int = 0
-                 ) -> Callable[[DriverChannel], TaskSpec]:
-    """What every barrier stage launcher passes to ``run_stage``: the task spec, completed
-    with the channel's address and secret once the channel is open."""
-    def make_spec(channel: DriverChannel) -> TaskSpec:
-        return TaskSpec(run_id=run_id, payload=payload, num_workers=num_workers,
-                        channel_host=channel.host, channel_port=channel.port,
-                        secret=channel.secret, use_gpu=use_gpu,
-                        collective_timeout_s=timeout_s or DEFAULT_COLLECTIVE_TIMEOUT_S,
-                        torch_threads=torch_threads, attempt=attempt,
-                        echo_output=not preflight.is_local_master(sc.master))
-    return make_spec
 
 
 def run(fn: Callable[..., Any], *args: Any, num_workers: int | None = None, use_gpu: bool = False,
@@ -75,13 +49,9 @@ def run(fn: Callable[..., Any], *args: Any, num_workers: int | None = None, use_
     positive_seconds("timeout", timeout)
     optional_positive_int("torch_threads", torch_threads)
     preflight.check_cluster(sc, num_workers, use_gpu)
-    payload = serialize_call(fn, args, kwargs)
     run_id = new_run_id()
-    make_spec = spec_factory(sc, run_id, payload, num_workers, use_gpu=use_gpu,
-                             timeout_s=timeout, torch_threads=torch_threads)
     name = getattr(fn, "__qualname__", type(fn).__name__)
     log.info("run %s: starting %s on %d rank(s)", run_id, name, num_workers)
-    results = run_stage(sc, make_spec, timeout_s=timeout,
+    return launch_ranks(sc, fn, args, kwargs, num_workers=num_workers, run_id=run_id,
+                        use_gpu=use_gpu, timeout_s=timeout, torch_threads=torch_threads,
                         description=f"sparkddl.run({name}) x{num_workers}")
-    from pyspark import cloudpickle
-    return cloudpickle.loads(results[0]) if results else None

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from sparkddl.channel.server import DriverChannel
 from sparkddl.errors import TrainingFailedError
-from sparkddl.launch.monitor import MessageHook, StageMonitor, ordered_failures
+from sparkddl.launch.monitor import Handlers, StageMonitor, ordered_failures
 from sparkddl.task.bootstrap import barrier_entry
 from sparkddl.task.spec import TaskSpec
 
@@ -56,7 +56,7 @@ class _Job(threading.Thread):
 
 
 def run_stage(sc: Any, make_spec: SpecFactory, timeout_s: float | None = None,
-              hook: MessageHook | None = None, description: str = "sparkddl",
+              handlers: Handlers | None = None, description: str = "sparkddl",
               watchdog_s: float | None = None) -> list[bytes]:
     """Run one barrier stage and return what its tasks yielded.
 
@@ -65,7 +65,7 @@ def run_stage(sc: Any, make_spec: SpecFactory, timeout_s: float | None = None,
     with ``watchdog_s``, when a rank's heartbeats stop showing progress for that long; the
     stage is cancelled first so no rank is left blocked in a collective.
     """
-    monitor = StageMonitor(hook)
+    monitor = StageMonitor(handlers)
     conf = sc.getConf()
     host = conf.get("spark.driver.host", "")
     with DriverChannel(monitor.handle, bind_host=conf.get("spark.driver.bindAddress", host) or

@@ -7,11 +7,9 @@ from dataclasses import asdict
 from typing import Any
 
 from sparkddl.config import TrainConfig
-from sparkddl.data import DataSpec, prepare
 from sparkddl.launch import preflight
-from sparkddl.launch.pickling import serialize_call
-from sparkddl.launch.runner import new_run_id, spec_factory
-from sparkddl.launch.stage import run_stage
+from sparkddl.launch.inputs import prepare_data, shard_plan
+from sparkddl.launch.launcher import launch_ranks, new_run_id
 from sparkddl.perfmodel.calibrate import Candidate, calibrate
 from sparkddl.perfmodel.predict import Model, Prediction
 from sparkddl.store import Store
@@ -47,26 +45,18 @@ def run_calibration(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any,
     workers = preflight.available_workers(sc, calibration_workers)
     preflight.check_cluster(sc, workers, config.use_gpu)
     store = Store.from_uri(config.store)
-    data = prepare(df, DataSpec.of(config.features, config.label, shapes=config.feature_shapes),
-                   num_workers=workers, batch_size=config.batch_size, store=store,
-                   validation=config.validation, seed=config.seed)
-    plan = data.train.plan(workers, config.batch_size, seed=config.seed,
-                           shuffle_buffer=config.shuffle_buffer,
-                           reader_workers=config.reader_workers, reader_pool=config.reader_pool,
-                           reader=config.reader)
+    data = prepare_data(df, config, store, workers)
+    plan = shard_plan(data, config, workers)
     spec = TrainSpec(run_id=new_run_id(), model_factory=model_factory(model),
                      optimizer=optimizer_recipe(optimizer), loss=resolve_loss(loss), metrics={},
                      plan=plan, features=config.features, label=config.label, epochs=1,
                      snapshot_every=1, strategy=config.strategy_config, seed=config.seed,
                      store_root=store.root, learning_rate=config.learning_rate)
-    payload = serialize_call(calibrate, (spec, list(candidates),
-                                         min(plan.steps_per_epoch, 50)), {})
-    from pyspark import cloudpickle
-    make_spec = spec_factory(sc, spec.run_id, payload, workers, use_gpu=config.use_gpu,
-                             timeout_s=config.timeout_s)
-    results = run_stage(sc, make_spec, timeout_s=config.timeout_s,
-                        description=f"sparkddl plan calibration x{workers}")
-    return cloudpickle.loads(results[0]), data.train.rows
+    cal = launch_ranks(sc, calibrate, (spec, list(candidates), min(plan.steps_per_epoch, 50)),
+                       num_workers=workers, run_id=spec.run_id, use_gpu=config.use_gpu,
+                       timeout_s=config.timeout_s,
+                       description=f"sparkddl plan calibration x{workers}")
+    return cal, data.train.rows
 
 
 def predictions(cal: dict, rows: int, workers: tuple[int, ...] = WORKERS) -> list[Prediction]:

@@ -17,6 +17,7 @@ from datetime import timedelta
 from typing import Any, Iterable, Iterator
 
 from sparkddl.channel.client import RankChannel
+from sparkddl.channel.messages import Done, Error, Rendezvous, Stop, parse
 from sparkddl.errors import ClusterError
 from sparkddl.task import context
 from sparkddl.task.dist import note_visible_devices
@@ -39,15 +40,17 @@ def barrier_entry(spec: TaskSpec, _rows: Iterable[Any]) -> Iterator[bytes]:
     spark_ctx = BarrierTaskContext.get()
     rank = spark_ctx.partitionId()
     channel = _connect(spec, rank)
-    status: dict[str, Any] = {"phase": "joining the rendezvous", "steps": 0}
+    # "starting" until the rendezvous completes: the watchdog gives startup more time
+    status: dict[str, Any] = {"phase": "starting (importing torch)", "steps": 0,
+                              "starting": True}
     reported: list[BaseException] = []
 
     def report(exc: BaseException) -> None:
         if exc not in reported:
             reported.append(exc)
-            channel.send({"type": "error", "message": _clip(f"{type(exc).__name__}: {exc}"),
-                          "traceback": _clip(traceback.format_exc()),
-                          "host": socket.gethostname(), "status": dict(status)})
+            channel.post(Error(_clip(f"{type(exc).__name__}: {exc}"),
+                               _clip(traceback.format_exc()), socket.gethostname(),
+                               dict(status)))
             channel.flush()
 
     result: bytes | None = None
@@ -69,7 +72,7 @@ def barrier_entry(spec: TaskSpec, _rows: Iterable[Any]) -> Iterator[bytes]:
             except BaseException as exc:
                 report(exc)
                 raise
-        channel.send({"type": "done"})
+        channel.post(Done())
     finally:
         channel.close()
     if result is not None:
@@ -105,7 +108,7 @@ def _dump_result(value: Any) -> bytes:
 
 def _connect(spec: TaskSpec, rank: int) -> RankChannel:
     def on_control(header: dict[str, Any]) -> None:
-        if header.get("type") == "stop" and context.is_active():
+        if isinstance(parse(header), Stop) and context.is_active():
             context.current().stop_requested.set()
 
     try:
@@ -124,6 +127,7 @@ def rank_environment(spec: TaskSpec, spark_ctx: Any, channel: RankChannel,
     import torch
     import torch.distributed as dist
 
+    status["phase"] = "joining the rendezvous"
     rank, world = spark_ctx.partitionId(), spec.num_workers
     hosts = [info.address.rsplit(":", 1)[0] for info in spark_ctx.getTaskInfos()]
     store, master_port = _rendezvous(spec, rank, hosts[0], channel, status)
@@ -136,7 +140,7 @@ def rank_environment(spec: TaskSpec, spark_ctx: Any, channel: RankChannel,
         master_port=master_port, run_id=spec.run_id, attempt=spec.attempt, use_gpu=spec.use_gpu,
         gpus=gpus, collective_timeout_s=spec.collective_timeout_s, channel=channel, store=store,
         status=status)
-    status["phase"] = "running"
+    status["phase"] = "running"  # still starting: the function's own setup follows
     saved = (torch.get_num_threads(), torch.get_rng_state())
     ok = False
     with _patched_environ(_torchrun_env(ctx, threads)):
@@ -178,10 +182,10 @@ def _rendezvous(spec: TaskSpec, rank: int, master_host: str, channel: RankChanne
     if rank == 0:
         store = TCPStore(master_host, 0, spec.num_workers, is_master=True,
                          wait_for_workers=False, timeout=timeout)
-        channel.send({"type": "rendezvous", "port": store.port})
+        channel.post(Rendezvous(store.port))
         return store, store.port
     with context.collective("the rendezvous (waiting for rank 0's store)", status):
-        port = int(channel.wait_for("rendezvous", spec.collective_timeout_s)["port"])
+        port = int(channel.wait_for(Rendezvous.KIND, spec.collective_timeout_s)["port"])
     return TCPStore(master_host, port, spec.num_workers, is_master=False, timeout=timeout), port
 
 

@@ -7,10 +7,11 @@ import threading
 from typing import Any
 
 from sparkddl.channel.client import RankChannel
+from sparkddl.channel import messages
 
 
 class Heartbeat:
-    """Sends ``{"type": "heartbeat", **status}`` every ``interval_s`` until stopped; the
+    """Sends the status as a Heartbeat every ``interval_s`` until stopped; the
     status dict is shared with the code that updates it (the rank's context)."""
 
     def __init__(self, channel: RankChannel, status: dict[str, Any], interval_s: float = 1.0):
@@ -28,4 +29,4 @@ class Heartbeat:
 
     def _beat(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self.channel.send({"type": "heartbeat", **self.status})
+            self.channel.post(messages.Heartbeat.of(self.status))

@@ -9,6 +9,7 @@ from contextlib import contextmanager
 from typing import Iterator, TextIO
 
 from sparkddl.channel.client import RankChannel
+from sparkddl.channel.messages import Log
 
 # a line longer than this is sent in pieces the driver stitches back together
 CHUNK_CHARS = 1 << 20
@@ -67,8 +68,7 @@ class ChannelStream(io.TextIOBase):
         for start in range(0, max(len(line), 1), CHUNK_CHARS):
             piece = line[start:start + CHUNK_CHARS]
             more = start + CHUNK_CHARS < len(line)
-            self._channel.send({"type": "log", "stream": self.name, "partial": more},
-                               piece.encode("utf-8", "replace"))
+            self._channel.post(Log(self.name, more), piece.encode("utf-8", "replace"))
 
 
 @contextmanager

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from sparkddl import strategies
+from sparkddl.channel.messages import Epoch, Progress, Snapshot
 from sparkddl.data.reader import epoch_batches
 from sparkddl.store import Store
 from sparkddl.task import context
@@ -36,26 +37,29 @@ class _Run:
         self.dev = device()
         self.pos = resume.Position()
         torch.manual_seed(spec.seed)  # the same initial weights on every rank
-        self.mark("building the model")
+        self.mark("building the model")  # the user's code: the watchdog's own limit applies
         self.module = build_module(spec.model_factory)
-        self.mark("loading the checkpoint")
+        self.mark("loading the checkpoint", starting=True)
         ckpt, self.pos = (resume.load(spec, self.ctx, self.module) if spec.resume_url
                           else (None, self.pos))
         self.module.to(self.dev)
         self.strategy = strategies.create(spec.strategy.name, spec.strategy.options)
-        self.mark("wrapping the model for its strategy")
+        self.mark("wrapping the model for its strategy", starting=True)
         self.model = self.strategy.wrap(self.module)
         self.optimizer = spec.optimizer.build(self.module.parameters(), spec.learning_rate)
         self.saved = resume.restore_rest(ckpt, self.ctx, self.optimizer, self.strategy) \
             if ckpt else None
         self.reporter = _Reporter(self.ctx, spec)
         self.last_loss: Any = None
-        self.mark("starting")
+        self.mark("starting", starting=True)
 
-    def mark(self, phase: str, epoch: int | None = None, step: int | None = None) -> None:
-        """Record where this rank is, for heartbeats and failure reports."""
+    def mark(self, phase: str, epoch: int | None = None, step: int | None = None,
+             starting: bool = False) -> None:
+        """Record where this rank is, for heartbeats and failure reports. ``starting``: the
+        library's own setup (first-time imports, process group and DDP construction), which
+        a loaded machine may take seconds over; the watchdog gives it its start limit."""
         status = self.ctx.status
-        status.update(phase=phase, steps=self.pos.global_steps)
+        status.update(phase=phase, steps=self.pos.global_steps, starting=starting)
         if epoch is not None:
             status["epoch"] = epoch
         if step is not None:
@@ -181,12 +185,11 @@ class _Reporter:
         if not self.active or now < self._next_progress:
             return
         self._next_progress = now + self.spec.progress_interval_s
-        self.ctx.channel.send({"type": "progress", "epoch": epoch, "step": step,
-                               "steps": self.spec.plan.steps_per_epoch, "loss": loss.item()})
+        self.ctx.channel.post(Progress(epoch, step, self.spec.plan.steps_per_epoch, loss.item()))
 
     def epoch(self, row: dict[str, Any]) -> None:
         if self.active:
-            self.ctx.channel.send({"type": "epoch", "row": row})
+            self.ctx.channel.post(Epoch(row))
 
     def snapshot(self, epoch: int, state: dict[str, Any], final: bool) -> None:
         if not self.active:
@@ -195,13 +198,12 @@ class _Reporter:
         buf = io.BytesIO()
         torch.save({k: v.detach().cpu() for k, v in state.items()}, buf)
         data = buf.getvalue()
-        header = {"type": "snapshot", "epoch": epoch, "final": final}
         self.ctx.status["phase"] = "sending a snapshot to the driver"
         if len(data) <= self.spec.max_snapshot_bytes:
-            self.ctx.channel.send(header, data)
+            self.ctx.channel.post(Snapshot(epoch, final), data)
             return
         # large models: through the Store, with only a notice on the channel
         store = Store.from_uri(self.spec.store_root)
         url = store.run_url(self.spec.run_id, "snapshots", f"epoch-{epoch:05d}.pt")
         store.write_bytes(url, data)
-        self.ctx.channel.send({**header, "url": url})
+        self.ctx.channel.post(Snapshot(epoch, final, url))

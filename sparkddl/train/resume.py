@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkddl import checkpoint
+from sparkddl.channel.messages import Checkpoint
 from sparkddl.store import Store
 from sparkddl.task import context
 
@@ -41,8 +42,7 @@ def save(spec: Any, ctx: context.RankContext, module: Any, optimizer: Any, strat
     ref = checkpoint.save(store, spec.run_id, done_epochs, steps_into_next, payload,
                           spec.keep_checkpoints)
     if ctx.channel is not None:
-        ctx.channel.send({"type": "checkpoint", "epoch": done_epochs, "step": steps_into_next,
-                          "url": ref.url})
+        ctx.channel.post(Checkpoint(done_epochs, steps_into_next, ref.url))
 
 
 def load(spec: Any, ctx: context.RankContext, module: Any) -> tuple[dict[str, Any], Position]:

@@ -183,6 +183,7 @@ def test_watchdog_turns_a_stuck_rank_into_a_restart(spark_local, tmp_path):
     loss = FailingLoss(str(tmp_path / "marker"), at_step=20, how="hang")
     model = estimator(tmp_path, loss, watchdogTimeout=4.0).fit(digits_df(spark_local))
     assert_complete(model)
+    assert len(model.restarts) == 1, model.restarts
     [restart] = model.restarts
     # rank 0 waits in DDP's allreduce inside backward; rank 1 hangs in its loss
     assert restart["reason"].startswith("watchdog: no progress for 4s; likely cause: rank 1 "

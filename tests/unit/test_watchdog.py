@@ -10,7 +10,7 @@ import itertools
 import pytest
 
 from sparkddl.channel.server import Message
-from sparkddl.launch.monitor import StageMonitor
+from sparkddl.launch.monitor import START_LIMIT_S, StageMonitor
 
 LIMIT = 4.0
 
@@ -150,5 +150,54 @@ def test_ranks_that_keep_moving_are_not_stalled():
     for steps in range(10):
         clock.now += 1.0
         monitor.handle(beat(0, steps, "forward pass"))
+        monitor.handle(beat(1, steps, "forward pass"))
+    assert monitor.stalled(LIMIT, 2) == ""
+
+
+def test_no_verdict_until_the_rank_waited_for_has_stopped_for_the_limit():
+    # rank 0 waits in DDP from t=0; rank 1 (what it waits for) stopped 0.9 s later
+    clock = Clock()
+    monitor = StageMonitor(clock=clock)
+    monitor.handle(WAITING_IN_BACKWARD)
+    clock.now += 0.9
+    monitor.handle(HUNG_IN_LOSS)
+    clock.now += LIMIT - 0.5  # rank 0 is past the limit, rank 1 not yet
+    monitor.handle(WAITING_IN_BACKWARD)
+    monitor.handle(HUNG_IN_LOSS)
+    assert monitor.stalled(LIMIT, 2) == ""
+    clock.now += 1.0
+    assert "likely cause: rank 1 at step 19" in culprit_line(monitor.stalled(LIMIT, 2))
+
+
+def starting(rank: int) -> Message:
+    msg = beat(rank, 0, "starting (importing torch)", epoch=None)
+    msg.header["starting"] = True
+    return msg
+
+
+def test_a_rank_still_starting_gets_the_start_limit_and_its_peers_wait_for_it():
+    # rank 0 joined and waits in init_process_group; rank 1's Python worker is slow to start
+    waiting = beat(0, 0, "running", "init_process_group (waiting for every rank to join)",
+                   epoch=None)
+    assert stuck([waiting, starting(1)], for_s=LIMIT * 5) == ""
+    report = stuck([waiting, starting(1)], for_s=START_LIMIT_S + 1)
+    assert "likely cause: rank 1 at step 0 (starting (importing torch))" in culprit_line(report)
+
+
+def test_a_rank_that_never_reports_gets_the_start_limit_too():
+    waiting = beat(0, 0, "running", "init_process_group (waiting for every rank to join)",
+                   epoch=None)
+    assert stuck([waiting], for_s=LIMIT * 5) == ""
+    assert "rank 1 never reported" in culprit_line(stuck([waiting], for_s=START_LIMIT_S + 1))
+
+
+def test_a_rank_that_keeps_moving_is_waited_for():
+    # SSP: the fast rank waits at the staleness bound while the slow one still steps
+    clock = Clock()
+    monitor = StageMonitor(clock=clock)
+    waiting = beat(0, 9, "optimizer step", "a pull from the SSP parameter server")
+    for steps in range(10):
+        clock.now += 1.0
+        monitor.handle(waiting)
         monitor.handle(beat(1, steps, "forward pass"))
     assert monitor.stalled(LIMIT, 2) == ""

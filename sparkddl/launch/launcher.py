@@ -1,0 +1,45 @@
+"""Launch the ranks: the one path from a function and its arguments to rank 0's result, used
+by ``sparkddl.run``, ``TorchEstimator.fit`` and ``sparkddl plan``."""
+from __future__ import annotations
+
+import uuid
+from typing import Any, Callable
+
+from sparkddl.channel.server import DriverChannel
+from sparkddl.launch import preflight
+from sparkddl.launch.monitor import Handlers
+from sparkddl.launch.pickling import serialize_call
+from sparkddl.launch.stage import run_stage
+from sparkddl.task.spec import TaskSpec
+
+DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
+
+
+def new_run_id() -> str:
+    return uuid.uuid4().hex[:12]
+
+
+def launch_ranks(sc: Any, fn: Callable[..., Any], args: tuple = (),
+                 kwargs: dict[str, Any] | None = None, *, num_workers: int, run_id: str,
+                 description: str, use_gpu: bool = False, timeout_s: float | None = None,
+                 torch_threads: int | None = None, attempt: int = 0,
+                 handlers: Handlers | None = None, watchdog_s: float | None = None) -> Any:
+    """Run ``fn(*args, **kwargs)`` on ``num_workers`` ranks of one barrier stage and return
+    rank 0's return value (None if it returned nothing). ``timeout_s`` bounds the stage and
+    is the collective timeout of the process group; ``handlers`` receive the ranks' messages;
+    ``watchdog_s`` fails the stage when a rank stops making progress."""
+    payload = serialize_call(fn, args, kwargs or {})
+
+    def make_spec(channel: DriverChannel) -> TaskSpec:
+        # completed with the channel's address and secret once the channel is open
+        return TaskSpec(run_id=run_id, payload=payload, num_workers=num_workers,
+                        channel_host=channel.host, channel_port=channel.port,
+                        secret=channel.secret, use_gpu=use_gpu,
+                        collective_timeout_s=timeout_s or DEFAULT_COLLECTIVE_TIMEOUT_S,
+                        torch_threads=torch_threads, attempt=attempt,
+                        echo_output=not preflight.is_local_master(sc.master))
+
+    results = run_stage(sc, make_spec, timeout_s=timeout_s, handlers=handlers, watchdog_s=watchdog_s,
+                        description=description)
+    from pyspark import cloudpickle
+    return cloudpickle.loads(results[0]) if results else None
