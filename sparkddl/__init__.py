@@ -7,7 +7,6 @@ fresh Python worker.
 from __future__ import annotations
 
 import importlib
-import importlib.util
 from typing import Any
 
 __version__ = "0.1.0"
@@ -26,12 +25,12 @@ __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in _EXPORTS:
-        value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    elif importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        value = importlib.import_module(f"{__name__}.{name}")  # sparkddl.models etc.
-    else:
-        raise AttributeError(f"module 'sparkddl' has no attribute {name!r}")
+    """The public names of ``__all__``, imported on first use. Submodules are reached the
+    usual way (``import sparkddl.models``), not handed out here."""
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'sparkddl' has no attribute {name!r}; its public names "
+                             f"are {', '.join(__all__)}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
     globals()[name] = value
     return value
 

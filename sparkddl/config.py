@@ -10,12 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from sparkddl.channel.protocol import DEFAULT_MAX_PAYLOAD_BYTES
-from sparkddl.data.plan import READERS
-from sparkddl.data.reader import POOL_TYPES
 from sparkddl.errors import ConfigError
-from sparkddl.train.metrics import MODES
 
 FINAL_WEIGHTS = ("best", "last")
+READERS = ("auto", "petastorm", "arrow")
+POOL_TYPES = ("thread", "dummy")  # how a rank reads ahead
+MODES = ("auto", "min", "max")  # whether a lower or a higher bestBy is better
 _NO_DEFAULT = object()
 
 

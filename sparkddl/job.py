@@ -11,6 +11,7 @@ from sparkddl import spark_settings
 from sparkddl.data import DataSpec, prepare
 from sparkddl.errors import ConfigError, StoreError
 from sparkddl.preset import JobConfig, redacted
+from sparkddl.problems import Problem
 from sparkddl.sources import holdout_split, load_source
 from sparkddl.store import Store
 
@@ -159,11 +160,11 @@ def evaluate_model(model: Any, test_df: Any, label: str) -> dict[str, float]:
     pred = model.transform(test_df).cache()
     try:
         metrics: dict[str, float] = {"rows": float(pred.count())}
-        if model.task in ("multiclass", "binary"):
+        if Problem(model.task).is_classifier:
             for name in ("accuracy", "f1", "weightedPrecision", "weightedRecall"):
                 metrics[name] = MulticlassClassificationEvaluator(
                     labelCol=label, metricName=name).evaluate(pred)
-            if model.task == "binary":
+            if model.task == Problem.BINARY:
                 metrics["areaUnderROC"] = BinaryClassificationEvaluator(
                     labelCol=label, rawPredictionCol="rawPrediction").evaluate(pred)
         else:

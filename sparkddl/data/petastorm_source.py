@@ -7,35 +7,18 @@ same way for every source. Nothing here imports Petastorm until a shard is read.
 from __future__ import annotations
 
 import collections
-import functools
-import importlib
 import logging
 import threading
 import warnings
 from typing import Any, Generator
 
+from sparkddl.data.petastorm_check import MODULES, unavailable_reason  # noqa: F401
 from sparkddl.data.plan import ShardPlan, sub_shard
-
-# the modules this source uses: importing them is the test of whether Petastorm works here
-MODULES = ("petastorm.reader", "petastorm.arrow_reader_worker", "petastorm.fs_utils",
-           "petastorm.workers_pool")
 
 # Petastorm 0.13 drives pyarrow 14 through its deprecated legacy API on every row group,
 # and logs at INFO that plain Parquet has no Petastorm metadata (expected here)
 warnings.filterwarnings("ignore", category=FutureWarning, module=r"petastorm(\.|$)")
 logging.getLogger("petastorm").setLevel(logging.WARNING)
-
-
-@functools.lru_cache(maxsize=1)
-def unavailable_reason() -> str | None:
-    """None where Petastorm loads in this Python, else what went wrong (found once per
-    process: ranks resolve their reader every epoch)."""
-    for name in MODULES:
-        try:
-            importlib.import_module(name)
-        except Exception as exc:  # noqa: BLE001 - pyarrow >= 15 breaks it with AttributeError too
-            return f"importing {name} failed: {type(exc).__name__}: {exc}"
-    return None
 
 
 def epoch_seed(plan: ShardPlan, epoch: int, part: int = 0) -> int:

@@ -18,6 +18,8 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any
 
+from sparkddl.config import READERS
+from sparkddl.data.petastorm_check import unavailable_reason
 from sparkddl.data.schema import ColumnSpec
 from sparkddl.errors import ConfigError, DataError
 
@@ -26,7 +28,6 @@ log = logging.getLogger(__name__)
 # above this share of rows skipped per epoch, every rank reads the whole (small) dataset
 # and keeps every world-th row instead of whole row groups
 MAX_SKIPPED_SHARE = 0.25
-READERS = ("auto", "petastorm", "arrow")
 
 
 @dataclass(frozen=True)
@@ -124,7 +125,6 @@ def resolve_reader(choice: str, where: str = "driver") -> str:
         raise ConfigError(f"unknown reader {choice!r}; choose one of {', '.join(READERS)}")
     if choice == "arrow":
         return _chosen("arrow", "reader='arrow' was asked for", where)
-    from sparkddl.data.petastorm_source import unavailable_reason  # a cycle at import time
     problem = unavailable_reason()
     if choice == "petastorm" and problem:
         raise ConfigError(

@@ -16,6 +16,7 @@ from typing import Any, Callable, Generator, Iterator
 
 import numpy as np
 
+from sparkddl.config import POOL_TYPES
 from sparkddl.data import arrow_source, petastorm_source
 from sparkddl.data.batching import Chunk, Rebatcher, decode_arrow, to_tensors
 from sparkddl.data.plan import ShardPlan, resolve_reader
@@ -31,7 +32,6 @@ SOURCES: dict[str, Source] = {"petastorm": petastorm_source.read_sub_shard,
 
 # "thread": row groups are read and decoded by background threads, ahead of training;
 # "dummy": read inline in the training thread
-POOL_TYPES = ("thread", "dummy")
 QUEUE_DEPTH = 2  # decoded row groups buffered per reader thread
 # how long a stopped epoch waits for its reader threads; one stuck in I/O is left behind
 # (they are daemons) so that training, or the error being raised, goes on

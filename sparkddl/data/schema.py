@@ -14,8 +14,6 @@ from typing import Any, Iterable
 
 from sparkddl.errors import DataError
 
-ROLES = ("feature", "label", "extra")
-ENCODINGS = ("scalar", "tensor", "list")
 SUPPORTED_TYPES = ("numeric scalars (byte, short, int, long, float, double, decimal, boolean)",
                    "fixed-length array<float|double|int|long|short|byte>",
                    "pyspark.ml.linalg Vector")

@@ -6,20 +6,21 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from sparkddl.errors import ConfigError
+from sparkddl.problems import Problem
 
 
 @dataclass(frozen=True)
-class TaskInfo:
+class ProblemInfo:
     """What the model predicts: ``multiclass`` (output [B, C], integer labels), ``binary``
     (one logit per row with BCEWithLogitsLoss) or ``regression`` (anything else)."""
 
-    kind: str
+    kind: Problem
     output_width: int
 
 
 def check_sample(module: Any, loss_fn: Callable[..., Any], sample: dict[str, Any],
                  features: tuple[str, ...], label: str,
-                 label_range: tuple[int | None, int | None] = (None, None)) -> TaskInfo:
+                 label_range: tuple[int | None, int | None] = (None, None)) -> ProblemInfo:
     """Run the model and the loss on ``sample``; ``label_range`` is the (min, max) of an
     integral label over the whole training data."""
     import torch
@@ -60,18 +61,18 @@ def check_sample(module: Any, loss_fn: Callable[..., Any], sample: dict[str, Any
     return task
 
 
-def _task(output: Any, target: Any, loss_fn: Any) -> TaskInfo:
+def _task(output: Any, target: Any, loss_fn: Any) -> ProblemInfo:
     import torch
     width = output.shape[-1] if output.dim() >= 2 else 1
     if not target.is_floating_point() and width > 1:
-        return TaskInfo("multiclass", width)
+        return ProblemInfo(Problem.MULTICLASS, width)
     if width == 1 and isinstance(loss_fn, torch.nn.BCEWithLogitsLoss):
-        return TaskInfo("binary", 1)
-    return TaskInfo("regression", width)
+        return ProblemInfo(Problem.BINARY, 1)
+    return ProblemInfo(Problem.REGRESSION, width)
 
 
-def _check_label_range(task: TaskInfo, label: str, low: int | None, high: int | None) -> None:
-    if task.kind == "multiclass" and low is not None and high is not None and \
+def _check_label_range(task: ProblemInfo, label: str, low: int | None, high: int | None) -> None:
+    if task.kind is Problem.MULTICLASS and low is not None and high is not None and \
             (low < 0 or high >= task.output_width):
         raise ConfigError(f"label {label!r} ranges over [{low}, {high}] but the model outputs "
                           f"{task.output_width} classes; labels must be 0..{task.output_width - 1}")

@@ -18,7 +18,7 @@ from sparkddl.data import PreparedData
 from sparkddl.data.local import read_rows
 from sparkddl.errors import ConfigError, TrainingFailedError
 from sparkddl.launch import preflight
-from sparkddl.launch.checks import TaskInfo
+from sparkddl.launch.checks import ProblemInfo
 from sparkddl.launch.evaluation import EvaluationResult, SnapshotEvaluator
 from sparkddl.launch.inputs import check_best_by_early, fit_inputs, shard_plan
 from sparkddl.launch.launcher import launch_ranks, new_run_id
@@ -73,7 +73,7 @@ class FitResult:
     state: dict[str, Any]  # the chosen weights (best or last)
     chosen_epoch: int
     history: list[dict[str, Any]]
-    task: TaskInfo
+    problem: ProblemInfo  # what the model predicts
     best_by: str
     epochs_done: int
     stopped_early: bool
@@ -130,7 +130,7 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
                     len(evaluated.errors), "; ".join(evaluated.errors))
     chosen = _choose(evaluated, config.final_weights, run_id)
     return FitResult(run_id=run_id, model_factory=inputs.factory, state=chosen.state,
-                     chosen_epoch=chosen.epoch, history=evaluated.history, task=inputs.task,
+                     chosen_epoch=chosen.epoch, history=evaluated.history, problem=inputs.problem,
                      best_by=inputs.best_by, epochs_done=summary["epochs_done"],
                      stopped_early=summary["stopped_early"],
                      steps_per_rank=summary["steps_per_rank"],

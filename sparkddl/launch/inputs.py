@@ -10,7 +10,7 @@ from sparkddl.data import DataSpec, PreparedData, prepare
 from sparkddl.data.local import read_rows
 from sparkddl.data.plan import ShardPlan
 from sparkddl.errors import ConfigError
-from sparkddl.launch.checks import TaskInfo, check_sample
+from sparkddl.launch.checks import ProblemInfo, check_sample
 from sparkddl.store import Store
 from sparkddl.train.components import (OptimizerRecipe, build_module, check_optimizer,
                                        model_factory, optimizer_recipe, resolve_loss)
@@ -24,7 +24,7 @@ class FitInputs:
     loss: Callable[..., Any]
     store: Store
     data: PreparedData
-    task: TaskInfo  # what the model predicts, from a sample of the data
+    problem: ProblemInfo  # what the model predicts, from a sample of the data
     metrics: dict[str, Callable[..., Any]]
     best_by: str
 
@@ -52,12 +52,12 @@ def fit_inputs(df: Any, model: Any, optimizer: Any, loss: Any, config: TrainConf
     store = Store.from_uri(config.store)
     store.check_writable()
     data = prepare_data(df, config, store, config.num_workers)
-    task = check_sample(module, loss_fn, read_rows(data.train, limit=8), config.features,
-                        config.label, data.label_range(config.label))
+    problem = check_sample(module, loss_fn, read_rows(data.train, limit=8), config.features,
+                           config.label, data.label_range(config.label))
     metrics = resolve_metrics(config.metrics if config.metrics is not None else
-                              (["accuracy"] if task.kind != "regression" else []))
+                              (["accuracy"] if problem.kind.is_classifier else []))
     best_by = resolve_best_by(config.best_by, metrics, data.val is not None)
-    return FitInputs(factory, recipe, loss_fn, store, data, task, metrics, best_by)
+    return FitInputs(factory, recipe, loss_fn, store, data, problem, metrics, best_by)
 
 
 def check_best_by_early(config: TrainConfig) -> None:

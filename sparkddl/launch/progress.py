@@ -7,12 +7,24 @@ import time
 from typing import Any
 
 log = logging.getLogger("sparkddl.progress")
-if not log.handlers:  # visible without any logging setup; reconfigure the logger to change it
-    _handler = logging.StreamHandler()
+
+
+class _Unconfigured(logging.StreamHandler):
+    """Prints progress only while the application has configured no logging (no handler on
+    the root logger): the lines are then visible without any setup, and once logging is
+    set up they go through the application's handlers instead, never twice."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if not logging.getLogger().handlers:
+            self.stream = sys.stderr  # looked up now: notebooks and test captures swap it
+            super().emit(record)
+
+
+if not any(isinstance(h, _Unconfigured) for h in log.handlers):
+    _handler = _Unconfigured()
     _handler.setFormatter(logging.Formatter("%(asctime)s sparkddl: %(message)s", "%H:%M:%S"))
     log.addHandler(_handler)
     log.setLevel(logging.INFO)
-    log.propagate = False
 
 LOG_EVERY_S = 10.0
 

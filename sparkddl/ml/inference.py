@@ -11,6 +11,8 @@ from typing import Any, Iterator
 import numpy as np
 import pandas as pd  # module level: pandas_udf resolves the type hints below against it
 
+from sparkddl.problems import Problem
+
 _models: dict[str, Any] = {}
 _lock = threading.Lock()
 
@@ -95,11 +97,11 @@ def _column(series: Any, shape: list[int] | None) -> np.ndarray:
 
 def _columns_for(kind: str, out: Any) -> dict[str, Any]:
     import torch
-    if kind == "multiclass":
+    if kind == Problem.MULTICLASS:
         return {"prediction": out.argmax(-1).double().numpy(),
                 "probability": list(torch.softmax(out, -1).double().numpy()),
                 "raw": list(out.double().numpy())}
-    if kind == "binary":
+    if kind == Problem.BINARY:
         z = out.reshape(-1).double()
         p = torch.sigmoid(z)
         return {"prediction": (z > 0).double().numpy(),

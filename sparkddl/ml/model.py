@@ -9,10 +9,11 @@ from pyspark.ml import Model
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, \
     MLWritable, MLWriter
 
-from sparkddl.ml import architecture
-from sparkddl.ml.inference import ModelPayload, udf_function
 from sparkddl.config import TrainConfig
+from sparkddl.ml import architecture
 from sparkddl.ml._params import HasTorchModelParams
+from sparkddl.ml.inference import ModelPayload, udf_function
+from sparkddl.problems import Problem
 from sparkddl.store import Store
 
 
@@ -35,7 +36,7 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
         self.run_id = ""
         self.chosen_epoch = 0
         self.best_by = ""
-        self.task = "regression"
+        self.task: str = Problem.REGRESSION
         self.output_width = 1
         self.epochs_done = 0
         self.stopped_early = False
@@ -93,7 +94,7 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
         tmp = "__sparkddl_out"
         out = dataset.withColumn(tmp, udf(F.struct(*inputs)))
         out = out.withColumn(self.getOrDefault(self.predictionCol), F.col(f"{tmp}.prediction"))
-        if self.task in ("multiclass", "binary"):
+        if Problem(self.task).is_classifier:
             out = out.withColumn(self.getOrDefault(self.probabilityCol),
                                  array_to_vector(F.col(f"{tmp}.probability")))
             out = out.withColumn(self.getOrDefault(self.rawPredictionCol),
@@ -101,7 +102,7 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
         return out.drop(tmp)
 
     def _output_schema(self) -> str:
-        if self.task in ("multiclass", "binary"):
+        if Problem(self.task).is_classifier:
             return "prediction double, probability array<double>, raw array<double>"
         return "prediction double" if self.output_width == 1 else "prediction array<double>"
 

@@ -5,7 +5,8 @@ from typing import Any
 
 from sparkddl.errors import ConfigError
 from sparkddl.strategies.allreduce import AllReduce
-from sparkddl.strategies.base import CommStats, Strategy
+from sparkddl.strategies.base import Strategy
+from sparkddl.strategies.comm import CommStats
 from sparkddl.strategies.dynamic import DynamicAveraging
 from sparkddl.strategies.gossip import Gossip
 from sparkddl.strategies.local_sgd import LocalSGD

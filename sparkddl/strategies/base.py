@@ -1,27 +1,11 @@
 """The contract every training strategy implements, and communication accounting."""
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, ClassVar
 
 from sparkddl.errors import ConfigError
-
-
-@dataclass
-class CommStats:
-    """Payload bytes this rank hands to collectives, and how many calls, since the last reset."""
-
-    bytes: int = 0
-    calls: int = 0
-
-    def add(self, nbytes: int, calls: int = 1) -> None:
-        self.bytes += int(nbytes)
-        self.calls += calls
-
-    def take(self) -> dict[str, int]:
-        out = {"comm_bytes": self.bytes, "comm_calls": self.calls}
-        self.bytes = self.calls = 0
-        return out
+from sparkddl.strategies.comm import CommStats
+from sparkddl.strategies.tensors import average_, model_state
 
 
 class Strategy:
@@ -106,8 +90,6 @@ class Strategy:
             return state
         import torch
 
-        from sparkddl.strategies.tensors import average_, model_state
-
         with torch.no_grad():
             shared = model_state(module)
             copies = [t.detach().clone() for t in shared]
@@ -120,7 +102,3 @@ class Strategy:
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         pass
-
-
-def tensor_bytes(t: Any) -> int:
-    return t.numel() * t.element_size()

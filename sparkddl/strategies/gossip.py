@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparkddl.strategies.base import CommStats, Strategy, tensor_bytes
+from sparkddl.strategies.base import Strategy
+from sparkddl.strategies.comm import CommStats, tensor_bytes
 from sparkddl.strategies.tensors import (DEFAULT_BUCKET_BYTES, average_, broadcast_module,
                                          bucketize, flatten, mean_over_ranks, model_state,
                                          squared_distance, unflatten_into)

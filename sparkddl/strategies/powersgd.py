@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from sparkddl.strategies.base import CommStats, tensor_bytes
+from sparkddl.strategies.comm import CommStats, tensor_bytes
 from sparkddl.strategies.compression import ErrorFeedback, cpu_copies
 from sparkddl.strategies.tensors import flatten
 

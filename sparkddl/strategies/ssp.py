@@ -27,7 +27,8 @@ import time
 from typing import Any, Sequence
 
 from sparkddl.errors import SparkDDLError
-from sparkddl.strategies.base import Strategy, tensor_bytes
+from sparkddl.strategies.base import Strategy
+from sparkddl.strategies.comm import tensor_bytes
 from sparkddl.strategies.tensors import broadcast_module, model_state
 from sparkddl.task import context
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
-from sparkddl.strategies.base import CommStats, tensor_bytes
+from sparkddl.strategies.comm import CommStats, tensor_bytes
 from sparkddl.task.context import collective
 
 if TYPE_CHECKING:

@@ -63,7 +63,6 @@ def resolve_metrics(metrics: Iterable[Any] | dict[str, Metric] | None) -> dict[s
     return dict(items)
 
 
-MODES = ("auto", "min", "max")
 
 
 def best_mode(name: str, mode: str = "auto") -> str:
