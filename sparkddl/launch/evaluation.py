@@ -37,6 +37,18 @@ class EvaluationResult:
 
 
 @dataclass
+class _Submitted:
+    snapshot: messages.Snapshot
+    payload: bytes
+    reply: Callable[[dict[str, Any]], None]
+
+
+@dataclass
+class _Checkpointed:
+    epochs_done: int
+
+
+@dataclass
 class _Best:
     snap: Snapshot | None = None
     value: float | None = None
@@ -82,16 +94,16 @@ class SnapshotEvaluator:
 
     def submit(self, snapshot: messages.Snapshot, payload: bytes,
                reply: Callable[[dict[str, Any]], None]) -> None:
-        self._queue.put(("snapshot", snapshot, payload, reply))
+        self._queue.put(_Submitted(snapshot, payload, reply))
 
     def checkpointed(self, epochs_done: int) -> None:
-        self._queue.put(("checkpoint", epochs_done))
+        self._queue.put(_Checkpointed(epochs_done))
 
     # ---- called by the fit between attempts ----
     def drain(self) -> None:
         """Wait until everything submitted so far has been handled."""
         done = threading.Event()
-        self._queue.put(("flush", done))
+        self._queue.put(done)  # set once everything before it was handled
         done.wait()
 
     def rewind(self, epochs_done: int) -> None:
@@ -129,16 +141,16 @@ class SnapshotEvaluator:
             if item is None:
                 return
             try:
-                if item[0] == "snapshot":
-                    self._handle(*item[1:])
-                elif item[0] == "checkpoint":
-                    if item[1] != self._saved_epochs:
-                        self._save_state(item[1])
-                        self._saved_epochs = item[1]
+                if isinstance(item, _Submitted):
+                    self._handle(item.snapshot, item.payload, item.reply)
+                elif isinstance(item, _Checkpointed):
+                    if item.epochs_done != self._saved_epochs:
+                        self._save_state(item.epochs_done)
+                        self._saved_epochs = item.epochs_done
                 else:
-                    item[1].set()
+                    item.set()
             except Exception as exc:  # a bad snapshot must not kill the fit's bookkeeping
-                log.exception("handling a %s on the driver failed", item[0])
+                log.exception("handling a %s on the driver failed", type(item).__name__)
                 self._errors.append(f"{type(exc).__name__}: {exc}")
 
     def _save_state(self, epochs_done: int) -> None:

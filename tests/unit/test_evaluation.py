@@ -1,0 +1,95 @@
+"""The driver's snapshot evaluator and silent-death detection: state machines that decide
+the returned weights, early stopping and who is blamed, tested without Spark."""
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import torch
+
+from sparkddl.channel import messages as m
+from sparkddl.channel.server import Message
+from sparkddl.launch.evaluation import SnapshotEvaluator
+from sparkddl.launch.monitor import StageMonitor
+from sparkddl.store import Store
+from sparkddl.train.metrics import resolve_metrics
+
+X = np.array([[1, 0], [0, 1], [2, 0], [0, 2]], dtype=np.float32)
+Y = np.array([0, 1, 0, 1], dtype=np.int64)
+
+
+def state(good: bool) -> bytes:
+    """Weights that classify X perfectly (good) or output zeros (loss ln 2)."""
+    weight = torch.eye(2) * 5 if good else torch.zeros(2, 2)
+    buf = io.BytesIO()
+    torch.save({"weight": weight, "bias": torch.zeros(2)}, buf)
+    return buf.getvalue()
+
+
+def evaluator(tmp_path, patience: int = 2) -> SnapshotEvaluator:
+    return SnapshotEvaluator(lambda: torch.nn.Linear(2, 2), torch.nn.CrossEntropyLoss(),
+                             resolve_metrics(["accuracy"]), {"x": X, "y": Y}, ("x",), "y",
+                             "val_loss", "min", patience, Store.from_uri(tmp_path), "run1")
+
+
+def test_best_snapshot_history_and_early_stop(tmp_path):
+    ev = evaluator(tmp_path)
+    replies: list[dict] = []
+    for epoch, good in enumerate([False, True, False, False], 1):
+        ev.record_epoch({"epoch": epoch, "train_loss": 1.0 / epoch})
+        ev.submit(m.Snapshot(epoch), state(good), replies.append)
+    result = ev.close()
+    assert result.best.epoch == 2 and result.last.epoch == 4
+    assert [r["epoch"] for r in result.history] == [1, 2, 3, 4]
+    assert math.isclose(result.history[0]["val_loss"], math.log(2), rel_tol=1e-6)
+    assert result.history[1]["val_accuracy"] == 1.0 and result.history[1]["train_loss"] == 0.5
+    # two evaluated snapshots without improvement (epochs 3, 4): the ranks are asked to stop
+    assert replies == [m.Stop(4).header()] and result.stop_requested_at == 4
+    assert result.errors == []
+
+
+def test_a_snapshot_that_cannot_be_loaded_is_an_error_not_a_crash(tmp_path):
+    ev = evaluator(tmp_path)
+    ev.submit(m.Snapshot(1), b"not torch.save bytes", lambda header: None)
+    ev.submit(m.Snapshot(2), state(True), lambda header: None)
+    result = ev.close()
+    assert len(result.errors) == 1 and result.best.epoch == 2
+
+
+def test_rewind_restores_what_the_driver_knew_at_the_checkpoint(tmp_path):
+    ev = evaluator(tmp_path, patience=0)
+    for epoch, good in enumerate([False, False, True], 1):
+        ev.record_epoch({"epoch": epoch, "train_loss": 1.0})
+        ev.submit(m.Snapshot(epoch), state(good), lambda header: None)
+        if epoch == 2:
+            ev.checkpointed(2)  # the ranks checkpointed after epoch 2
+    ev.rewind(2)  # a restarted attempt trains epoch 3 again
+    result = ev.close()
+    assert [r["epoch"] for r in result.history] == [1, 2]
+    assert result.best.epoch == 1 and result.last is None
+
+
+def test_rewind_without_a_saved_state_forgets_a_later_best(tmp_path):
+    ev = evaluator(tmp_path, patience=0)
+    for epoch, good in enumerate([False, True], 1):
+        ev.record_epoch({"epoch": epoch, "train_loss": 1.0})
+        ev.submit(m.Snapshot(epoch), state(good), lambda header: None)
+    ev.rewind(1)
+    result = ev.close()
+    assert [r["epoch"] for r in result.history] == [1]
+    assert result.best is None and result.last is None  # only the best's weights are kept
+
+
+def test_a_rank_whose_connection_closed_without_done_or_report_died_silently():
+    monitor = StageMonitor()
+    for rank in (0, 1, 2):
+        monitor.handle(Message(rank, m.Hello(rank).header()))
+    monitor.handle(Message(0, m.Done().header()))
+    monitor.handle(Message(0, m.Closed().header()))  # finished normally
+    monitor.handle(Message(2, m.Error("RuntimeError: x", "Traceback", "h", {}).header()))
+    monitor.handle(Message(2, m.Closed().header()))  # reported, then closed
+    monitor.handle(Message(1, m.Closed().header()))  # neither: its worker died
+    assert monitor.died_silently(before=float("inf")) == [1]
+    assert monitor.died_silently(before=0.0) == []  # closed after the decision: a cancel
+    assert monitor.accounted() == 2 and monitor.wake.is_set()
