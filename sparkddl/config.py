@@ -19,12 +19,6 @@ MODES = ("auto", "min", "max")  # whether a lower or a higher bestBy is better
 _NO_DEFAULT = object()
 
 
-@dataclass
-class StrategyConfig:
-    name: str = "allreduce"
-    options: dict[str, Any] = field(default_factory=dict)
-
-
 def _columns(value: Any) -> tuple[str, ...]:
     """One column name or several."""
     return (value,) if isinstance(value, str) else tuple(value)
@@ -153,10 +147,6 @@ class TrainConfig:
     watchdog_s: float | None = option(900.0, "seconds without progress on a rank before the "
                                       "attempt is failed (None: no watchdog)",
                                       param="watchdogTimeout")
-
-    @property
-    def strategy_config(self) -> StrategyConfig:
-        return StrategyConfig(self.strategy, dict(self.strategy_options))
 
     @classmethod
     def from_values(cls, values: dict[str, Any]) -> "TrainConfig":

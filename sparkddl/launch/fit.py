@@ -98,16 +98,9 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
     run_id = config.run_id or new_run_id()
     plan = shard_plan(data, config, config.num_workers)
     _record_run(store, run_id, data, config, plan.steps_per_epoch)
-    spec = TrainSpec(run_id=run_id, model_factory=inputs.factory, optimizer=inputs.optimizer,
-                     loss=inputs.loss, metrics=inputs.metrics, plan=plan,
-                     features=config.features, label=config.label, epochs=config.epochs,
-                     snapshot_every=config.snapshot_every, strategy=config.strategy_config,
-                     seed=config.seed, store_root=store.root,
-                     learning_rate=config.learning_rate,
-                     max_snapshot_bytes=config.snapshot_channel_bytes,
-                     checkpoint_every=config.checkpoint_every,
-                     checkpoint_every_steps=config.checkpoint_every_steps,
-                     keep_checkpoints=config.keep_checkpoints)
+    spec = TrainSpec(config, run_id=run_id, model_factory=inputs.factory,
+                     optimizer=inputs.optimizer, loss=inputs.loss, metrics=inputs.metrics,
+                     plan=plan, store_root=store.root)
     evaluator = SnapshotEvaluator(inputs.factory, inputs.loss, inputs.metrics,
                                   read_rows(data.val) if data.val is not None else None,
                                   config.features, config.label, inputs.best_by,

@@ -47,11 +47,9 @@ def run_calibration(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any,
     store = Store.from_uri(config.store)
     data = prepare_data(df, config, store, workers)
     plan = shard_plan(data, config, workers)
-    spec = TrainSpec(run_id=new_run_id(), model_factory=model_factory(model),
-                     optimizer=optimizer_recipe(optimizer), loss=resolve_loss(loss), metrics={},
-                     plan=plan, features=config.features, label=config.label, epochs=1,
-                     snapshot_every=1, strategy=config.strategy_config, seed=config.seed,
-                     store_root=store.root, learning_rate=config.learning_rate)
+    spec = TrainSpec(config.replace(epochs=1, snapshot_every=1), run_id=new_run_id(),
+                     model_factory=model_factory(model), optimizer=optimizer_recipe(optimizer),
+                     loss=resolve_loss(loss), metrics={}, plan=plan, store_root=store.root)
     cal = launch_ranks(sc, calibrate, (spec, list(candidates), min(plan.steps_per_epoch, 50)),
                        num_workers=workers, run_id=spec.run_id, use_gpu=config.use_gpu,
                        timeout_s=config.timeout_s,

@@ -46,8 +46,8 @@ def calibrate(spec: TrainSpec, candidates: list[Candidate], reader_steps: int) -
     init_process_group()
     dev = device()
     batch = next(iter(epoch_batches(spec.plan, ctx.rank, 0)))
-    inputs = [batch[f].to(dev) for f in spec.features]
-    label = batch[spec.label].to(dev)
+    inputs = [batch[f].to(dev) for f in spec.config.features]
+    label = batch[spec.config.label].to(dev)
     step_s, backward_s = _local_step(spec, dev, inputs, label)
     # a single worker has the machine to itself; every rank computing at once shares it
     alone_s = _local_step(spec, dev, inputs, label)[0] if ctx.rank == 0 else 0.0
@@ -82,7 +82,7 @@ def _timed(fn: Any, repeats: int = REPEATS) -> float:
 def _local_step(spec: TrainSpec, dev: Any, inputs: list[Any], label: Any) -> tuple[float, float]:
     """A full training step with no communication, and its backward pass alone."""
     module = build_module(spec.model_factory).to(dev)
-    opt = spec.optimizer.build(module.parameters(), spec.learning_rate)
+    opt = spec.optimizer.build(module.parameters(), spec.config.learning_rate)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
@@ -115,7 +115,7 @@ def _reader_rate(spec: TrainSpec, steps: int) -> float:
     ctx = context.current()
     start, rows = time.perf_counter(), 0
     for i, batch in enumerate(epoch_batches(spec.plan, ctx.rank, 1)):
-        rows += len(batch[spec.label])
+        rows += len(batch[spec.config.label])
         if i + 1 >= steps:
             break
     return rows / (time.perf_counter() - start)
@@ -137,11 +137,11 @@ def _strategy_step(spec: TrainSpec, dev: Any, cand: Candidate, inputs: list[Any]
                    label: Any) -> dict[str, float]:
     """Real steps of one strategy on a fresh replica: time, bytes and calls per step."""
     import torch
-    torch.manual_seed(spec.seed)
+    torch.manual_seed(spec.config.seed)
     module = build_module(spec.model_factory).to(dev)
     strategy = strategies.create(cand.name, cand.options)
     model = strategy.wrap(module)
-    opt = spec.optimizer.build(module.parameters(), spec.learning_rate)
+    opt = spec.optimizer.build(module.parameters(), spec.config.learning_rate)
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)

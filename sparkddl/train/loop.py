@@ -36,17 +36,17 @@ class _Run:
         init_process_group()
         self.dev = device()
         self.pos = resume.Position()
-        torch.manual_seed(spec.seed)  # the same initial weights on every rank
+        torch.manual_seed(spec.config.seed)  # the same initial weights on every rank
         self.mark("building the model")  # the user's code: the watchdog's own limit applies
         self.module = build_module(spec.model_factory)
         self.mark("loading the checkpoint", starting=True)
         ckpt, self.pos = (resume.load(spec, self.ctx, self.module) if spec.resume_url
                           else (None, self.pos))
         self.module.to(self.dev)
-        self.strategy = strategies.create(spec.strategy.name, spec.strategy.options)
+        self.strategy = strategies.create(spec.config.strategy, spec.config.strategy_options)
         self.mark("wrapping the model for its strategy", starting=True)
         self.model = self.strategy.wrap(self.module)
-        self.optimizer = spec.optimizer.build(self.module.parameters(), spec.learning_rate)
+        self.optimizer = spec.optimizer.build(self.module.parameters(), spec.config.learning_rate)
         self.saved = resume.restore_rest(ckpt, self.ctx, self.optimizer, self.strategy) \
             if ckpt else None
         self.reporter = _Reporter(self.ctx, spec)
@@ -78,18 +78,18 @@ def train(spec: TrainSpec) -> dict[str, Any]:
 
     run = _Run(spec)
     stopped, epoch = False, run.pos.epoch - 1
-    for epoch in range(run.pos.epoch, spec.epochs + 1):
+    for epoch in range(run.pos.epoch, spec.config.epochs + 1):
         row, stopped = _epoch(run, epoch)
-        last = epoch == spec.epochs or stopped
+        last = epoch == spec.config.epochs or stopped
         run.reporter.epoch(row)
-        if epoch % spec.snapshot_every == 0 or last:
+        if epoch % spec.config.snapshot_every == 0 or last:
             if last:
                 run.strategy.finalize(run.module)
                 state = run.module.state_dict()
             else:  # replicas that may differ are averaged (on copies) for the snapshot
                 state = run.strategy.snapshot_state(run.module)
             run.reporter.snapshot(epoch, state, final=last)
-        if spec.checkpoint_every and epoch % spec.checkpoint_every == 0 and not last:
+        if spec.config.checkpoint_every and epoch % spec.config.checkpoint_every == 0 and not last:
             run.checkpoint(epoch, 0, _zeros(run))
         if stopped:
             break
@@ -115,7 +115,7 @@ def _epoch(run: _Run, epoch: int) -> tuple[dict[str, Any], bool]:
     sums, skip = _zeros(run), 0
     if run.saved is not None and epoch == run.pos.epoch:  # resuming inside this epoch
         sums, skip = run.saved["sums"].to(run.dev), run.pos.skip_steps
-    torch.manual_seed(hash((spec.seed, epoch, ctx.rank)) % (2**63))  # dropout etc.
+    torch.manual_seed(hash((spec.config.seed, epoch, ctx.rank)) % (2**63))  # dropout etc.
     if run.saved is not None and epoch == run.pos.epoch and skip:
         torch.set_rng_state(run.saved["rng"])
         if "cuda_rng" in run.saved and run.dev.type == "cuda":
@@ -133,8 +133,8 @@ def _epoch(run: _Run, epoch: int) -> tuple[dict[str, Any], bool]:
             run.pos.global_steps += 1
             run.mark("reading data")
             run.reporter.progress(epoch, step, run.last_loss)
-            if spec.checkpoint_every_steps and step < spec.plan.steps_per_epoch and \
-                    run.pos.global_steps % spec.checkpoint_every_steps == 0:
+            if spec.config.checkpoint_every_steps and step < spec.plan.steps_per_epoch and \
+                    run.pos.global_steps % spec.config.checkpoint_every_steps == 0:
                 run.checkpoint(epoch - 1, step, sums)
     run.mark("exchanging epoch statistics")
     comm = run.strategy.end_epoch()
@@ -153,8 +153,8 @@ def _epoch(run: _Run, epoch: int) -> tuple[dict[str, Any], bool]:
 def _step(run: _Run, batch: dict[str, Any], sums: Any) -> None:
     import torch
     spec = run.spec
-    inputs = [batch[f].to(run.dev, non_blocking=True) for f in spec.features]
-    label = batch[spec.label].to(run.dev, non_blocking=True)
+    inputs = [batch[f].to(run.dev, non_blocking=True) for f in spec.config.features]
+    label = batch[spec.config.label].to(run.dev, non_blocking=True)
     run.optimizer.zero_grad(set_to_none=True)
     output = run.model(*inputs)
     run.mark("computing the loss")
@@ -199,7 +199,7 @@ class _Reporter:
         torch.save({k: v.detach().cpu() for k, v in state.items()}, buf)
         data = buf.getvalue()
         self.ctx.status["phase"] = "sending a snapshot to the driver"
-        if len(data) <= self.spec.max_snapshot_bytes:
+        if len(data) <= self.spec.config.snapshot_channel_bytes:
             self.ctx.channel.post(Snapshot(epoch, final), data)
             return
         # large models: through the Store, with only a notice on the channel

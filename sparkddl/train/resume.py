@@ -37,10 +37,10 @@ def save(spec: Any, ctx: context.RankContext, module: Any, optimizer: Any, strat
         return
     payload = {"epoch": done_epochs, "step": steps_into_next, "global_steps": global_steps,
                "model": {k: v.detach().cpu() for k, v in module.state_dict().items()},
-               "optimizer": optimizer.state_dict(), "ranks": everyone, "seed": spec.seed}
+               "optimizer": optimizer.state_dict(), "ranks": everyone, "seed": spec.config.seed}
     store = Store.from_uri(spec.store_root)
     ref = checkpoint.save(store, spec.run_id, done_epochs, steps_into_next, payload,
-                          spec.keep_checkpoints)
+                          spec.config.keep_checkpoints)
     if ctx.channel is not None:
         ctx.channel.post(Checkpoint(done_epochs, steps_into_next, ref.url))
 
