@@ -9,7 +9,6 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from sparkddl.channel.protocol import DEFAULT_MAX_PAYLOAD_BYTES
 from sparkddl.errors import ConfigError
 
 FINAL_WEIGHTS = ("best", "last")
@@ -131,8 +130,8 @@ class TrainConfig:
     progress: bool = option(True, "show progress on the driver", param="progress",
                             convert="toBoolean")
     snapshot_channel_bytes: int = option(
-        32 << 20, "snapshots larger than this go through the Store, with only a notice on "
-        "the channel", param=None, preset=None)
+        32 << 20, "snapshots larger than this (or than the channel's frame limit, 64 MiB) "
+        "go through the Store, with only a notice on the channel", param=None, preset=None)
     checkpoint_every: int = option(1, "write a checkpoint every N epochs (0: never)",
                                    param="checkpointEvery", convert="toInt")
     checkpoint_every_steps: int = option(0, "also every N steps inside epochs (0: never)",
@@ -168,10 +167,6 @@ class TrainConfig:
         _non_negative_int("shuffle_buffer", self.shuffle_buffer)
         _non_negative_int("seed", self.seed)
         _positive_int("snapshot_channel_bytes", self.snapshot_channel_bytes)
-        if self.snapshot_channel_bytes > DEFAULT_MAX_PAYLOAD_BYTES:
-            raise ConfigError(f"snapshot_channel_bytes={self.snapshot_channel_bytes} exceeds the "
-                              f"driver channel's {DEFAULT_MAX_PAYLOAD_BYTES}-byte frame limit; "
-                              "larger snapshots go through the Store anyway")
         _non_negative_int("checkpoint_every", self.checkpoint_every)
         _non_negative_int("checkpoint_every_steps", self.checkpoint_every_steps)
         _positive_int("keep_checkpoints", self.keep_checkpoints)

@@ -15,6 +15,7 @@ import time
 from typing import Any
 
 from sparkddl import strategies
+from sparkddl.channel import protocol
 from sparkddl.channel.messages import Epoch, Progress, Snapshot
 from sparkddl.data.reader import epoch_batches
 from sparkddl.store import Store
@@ -199,7 +200,8 @@ class _Reporter:
         torch.save({k: v.detach().cpu() for k, v in state.items()}, buf)
         data = buf.getvalue()
         self.ctx.status["phase"] = "sending a snapshot to the driver"
-        if len(data) <= self.spec.config.snapshot_channel_bytes:
+        if len(data) <= min(self.spec.config.snapshot_channel_bytes,
+                            protocol.DEFAULT_MAX_PAYLOAD_BYTES):
             self.ctx.channel.post(Snapshot(epoch, final), data)
             return
         # large models: through the Store, with only a notice on the channel
