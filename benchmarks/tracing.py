@@ -19,12 +19,12 @@ class Trace:
 
     def __init__(self) -> None:
         from sparkddl.data import fingerprint, materialize
-        from sparkddl.launch import fit, monitor, runner
+        from sparkddl.launch import inputs, launcher, monitor
         self.spans: list[tuple[str, float, float]] = []
         self.messages: list[tuple[str, int, float, str]] = []
         self._saved: list[tuple[Any, str, Any]] = []
-        for owner, names in [(fit, ["prepare", "run_stage", "check_sample"]),
-                             (runner, ["run_stage"]),
+        for owner, names in [(inputs, ["prepare", "check_sample"]),
+                             (launcher, ["run_stage"]),
                              (materialize, ["_profile", "_write", "_cached", "write_meta"]),
                              (fingerprint, ["plan_text", "input_file_identity",
                                             "identified_by_files"])]:
