@@ -8,7 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from sparkddl import spark_settings
-from sparkddl.data import DataSpec, prepare
+from sparkddl.launch.inputs import prepare_data
 from sparkddl.errors import ConfigError, StoreError
 from sparkddl.preset import JobConfig, redacted
 from sparkddl.problems import Problem
@@ -37,13 +37,13 @@ def run_prepare(cfg: JobConfig) -> dict[str, Any]:
     spark = spark_session(cfg)
     train_df, _ = split_data(spark, cfg)
     t = cfg.train_config()
-    data = prepare(train_df, DataSpec.of(t.features, t.label, shapes=t.feature_shapes),
-                   num_workers=t.num_workers, batch_size=t.batch_size, store=t.store,
-                   validation=t.validation, seed=t.seed)
+    data = prepare_data(train_df, t, Store.from_uri(t.store), t.num_workers)
     out = {"fingerprint": data.fingerprint, "cache_hit": data.cache_hit,
            "train_rows": data.train.rows, "val_rows": data.val.rows if data.val else 0,
            "train_url": data.train.url}
-    print(f"data {'reused (cache hit)' if data.cache_hit else 'materialized'}: "
+    how = "read in place" if data.in_place else \
+        "reused (cache hit)" if data.cache_hit else "materialized"
+    print(f"data {how}: "
           f"{out['train_rows']} train / {out['val_rows']} validation rows at {data.train.url}")
     return out
 

@@ -2,6 +2,7 @@
 Petastorm or pyarrow alone (:func:`sparkddl.data.plan.resolve_reader` picks)."""
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -12,19 +13,22 @@ from sparkddl.data.schema import ColumnSpec, DataSpec
 from sparkddl.errors import DataError
 from sparkddl.store import Store
 
+log = logging.getLogger(__name__)
+
 __all__ = ["ColumnSpec", "DataSpec", "Dataset", "PreparedData", "ShardPlan", "epoch_batches",
            "prepare"]
 
 
 def prepare(data: Any, spec: DataSpec, *, num_workers: int, batch_size: int,
             store: "Store | str | None" = None, validation: float | str | None = None,
-            seed: int = 0) -> PreparedData:
+            seed: int = 0, reader: str = "auto") -> PreparedData:
     """Validate ``data`` and make it readable by every rank.
 
-    ``data`` is a Spark DataFrame (materialized to Parquet in ``store``, reused while the data
-    is unchanged) or the URL of an existing Parquet dataset (read in place). ``validation``
-    is a fraction (with ``seed``) or a boolean/0-1 column for DataFrames, and a Parquet URL
-    for URL inputs.
+    ``data`` is a Spark DataFrame or the URL of an existing Parquet dataset (read in place).
+    A DataFrame that is a plain scan of a Parquet table is read in place too
+    (:mod:`sparkddl.data.inplace` says when); any other is materialized to Parquet in
+    ``store``, and reused while the data is unchanged. ``validation`` is a fraction (with
+    ``seed``) or a boolean/0-1 column for DataFrames, and a Parquet URL for URL inputs.
     """
     if isinstance(data, (str, os.PathLike)):
         from sparkddl.data.source import prepare_parquet
@@ -40,7 +44,32 @@ def prepare(data: Any, spec: DataSpec, *, num_workers: int, batch_size: int,
     if store is None:
         raise DataError("a DataFrame is materialized to Parquet first: give a store "
                         "(a path or URI such as file:///tmp/sparkddl)")
-    from sparkddl.data.materialize import materialize
+    from sparkddl.data.inplace import decide
+    from sparkddl.data.materialize import materialize, validation_setting
+    from sparkddl.data.schema import check_columns, spark_kind
+    from sparkddl.data.source import prepare_table
+
+    fields = {f.name: (spark_kind(f.dataType), f.dataType.simpleString())
+              for f in data.schema.fields}
+    check_columns(spec, fields)
+    split_col, fraction = validation_setting(validation, {n: k for n, (k, _) in fields.items()})
+    used = list(spec.columns) + ([split_col] if split_col and split_col not in spec.columns
+                                 else [])
+    decision = decide(data, used, {n: k for n, (k, _) in fields.items()},
+                      {n: t for n, (_, t) in fields.items()}, reader,
+                      rows_selected=bool(split_col or fraction))
+    if decision.url is not None:
+        prepared = prepare_table(decision.url, spec, num_workers=num_workers,
+                                 batch_size=batch_size, validation=split_col or fraction or None,
+                                 seed=seed)
+        if isinstance(prepared, PreparedData):
+            log.info("data: reading %s in place (%s); nothing is written to the store",
+                     decision.url, decision.why)
+            return prepared
+        why = prepared
+    else:
+        why = decision.why
+    log.info("data: materializing the DataFrame into the store because %s", why)
     return materialize(data.sparkSession, data, spec, Store.from_uri(store),
                        num_workers=num_workers, batch_size=batch_size, validation=validation,
                        seed=seed)

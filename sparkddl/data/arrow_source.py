@@ -14,7 +14,9 @@ from typing import Any, Generator
 
 import numpy as np
 
+from sparkddl.data.batching import value_counts
 from sparkddl.data.plan import ShardPlan, list_row_groups, sub_shard
+from sparkddl.errors import DataError
 from sparkddl.store import Store
 
 
@@ -27,7 +29,8 @@ def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
 
     store = Store.from_uri(plan.url)
     filesystem = store.filesystem()
-    groups = list_row_groups(filesystem, store.fs_path(plan.url))
+    root = store.fs_path(plan.url)
+    groups = list_row_groups(filesystem, root)
     rng = np.random.default_rng([plan.seed, epoch, rank, part])
     if not plan.stride:
         shard, count = sub_shard(plan, rank, part, parts)
@@ -40,8 +43,35 @@ def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
             if group.path not in files:
                 handles.append(filesystem.open_input_file(group.path))
                 files[group.path] = pq.ParquetFile(handles[-1])
-            table = files[group.path].read_row_group(group.index, columns=plan.names)
+            sel = plan.selection
+            table = files[group.path].read_row_group(
+                group.index, columns=sel.read_columns(plan.names) if sel else plan.names)
+            if sel is not None:
+                table = sel.apply(root, group.path, group.index, table, plan.names)
+            check_table(plan, table, group.path, group.index)
             yield table if plan.stride else table.take(rng.permutation(table.num_rows))
     finally:
         for handle in handles:  # ParquetFile.close() leaves a file it was handed open
             handle.close()
+
+
+def check_table(plan: ShardPlan, table: Any, path: str, index: int) -> None:
+    """Nulls and unequal array lengths, named with the file they are in: a table read in
+    place can hold what its footers did not show."""
+    for col in plan.columns:
+        values = table.column(col.name)
+        where = f"column {col.name!r} of {path} (row group {index})"
+        if values.null_count:
+            raise DataError(f"{where} has {values.null_count} null values; drop or fill them "
+                            "first")
+        if col.encoding != "list" or not len(values):
+            continue
+        arr = values.combine_chunks()
+        lengths = value_counts(arr)
+        if lengths.min() != col.width or lengths.max() != col.width:
+            raise DataError(f"{where} holds arrays of {sorted(set(lengths.tolist()))[:10]} "
+                            f"values; every row needs {col.width}: pad or truncate them first")
+        nulls = arr.flatten().null_count
+        if nulls:
+            raise DataError(f"{where} has arrays with {nulls} null elements; "
+                            "fill or drop them first")

@@ -32,7 +32,7 @@ def decode_arrow(col: ColumnSpec, values: Any) -> np.ndarray:
     if col.encoding == "tensor":
         return decode_tensor(col, _tensor_bytes(col, arr), n)
     if col.encoding == "list":
-        step = _offsets(arr)
+        step = value_counts(arr)
         if len(step) and (step.min() != col.width or step.max() != col.width):
             raise DataError(f"column {col.name!r} holds arrays of unequal length "
                             f"{sorted(set(step.tolist()))[:10]}; every row needs {col.width} values")
@@ -56,7 +56,7 @@ def _raw_offsets(arr: Any) -> np.ndarray:
     return offsets[arr.offset:arr.offset + len(arr) + 1]
 
 
-def _offsets(arr: Any) -> np.ndarray:
+def value_counts(arr: Any) -> np.ndarray:
     """Per-row value counts."""
     import pyarrow as pa
     if pa.types.is_fixed_size_list(arr.type):
@@ -68,7 +68,7 @@ def _tensor_bytes(col: ColumnSpec, arr: Any) -> memoryview:
     import pyarrow as pa
     if not (pa.types.is_binary(arr.type) or pa.types.is_large_binary(arr.type)):
         raise DataError(f"column {col.name!r} should hold raw tensor bytes but is {arr.type}")
-    lengths = _offsets(arr)
+    lengths = value_counts(arr)
     if len(lengths) and (lengths.min() != col.nbytes or lengths.max() != col.nbytes):
         raise DataError(f"column {col.name!r}: rows of {sorted(set(lengths.tolist()))[:5]} bytes, "
                         f"expected {col.nbytes} bytes per row ({col.dtype} {col.shape})")

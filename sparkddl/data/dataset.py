@@ -8,6 +8,7 @@ from typing import Any
 
 from sparkddl.data.plan import ShardPlan, plan_shards
 from sparkddl.data.schema import ColumnSpec
+from sparkddl.data.split import Selection
 from sparkddl.store import Store
 
 
@@ -18,6 +19,10 @@ class Dataset:
     url: str
     columns: tuple[ColumnSpec, ...]
     row_groups: tuple[int, ...]  # rows per row group, in Petastorm's order
+    # a table read in place: the rows of each row group that this split keeps (row_groups
+    # count those), and the identity of its data files when planned
+    selection: Selection | None = None
+    files: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def rows(self) -> int:
@@ -25,7 +30,7 @@ class Dataset:
 
     def plan(self, world: int, batch_size: int, **reader: Any) -> ShardPlan:
         return plan_shards(self.url, self.columns, list(self.row_groups), world, batch_size,
-                           **reader)
+                           selection=self.selection, files=self.files, **reader)
 
     def to_json(self, base_url: str = "") -> dict[str, Any]:
         url = self.url[len(base_url):].lstrip("/") if base_url and \
@@ -41,6 +46,7 @@ class PreparedData:
     fingerprint: str | None = None
     cache_hit: bool = False
     source: str = ""
+    in_place: bool = False  # read where the user's table lies: nothing was written
     label_ranges: tuple[tuple[str, int, int], ...] = ()  # integral labels: (name, min, max)
 
     def label_range(self, name: str) -> tuple[int | None, int | None]:

@@ -1,5 +1,8 @@
-"""Reading a prepared dataset into memory on the driver (validation data, samples)."""
+"""Reading a prepared dataset on the driver: samples, and validation data streamed in batches
+(never the whole split in memory)."""
 from __future__ import annotations
+
+from typing import Iterator
 
 import numpy as np
 
@@ -9,21 +12,60 @@ from sparkddl.data.plan import list_row_groups
 from sparkddl.store import Store
 
 
-def read_rows(dataset: Dataset, limit: int | None = None) -> Chunk:
-    """All rows (or the first ``limit``) of ``dataset`` as decoded numpy arrays."""
+def row_groups(dataset: Dataset) -> Iterator[Chunk]:
+    """Every row group of ``dataset`` in order (Petastorm's), decoded, with its split's rows
+    only; one row group in memory at a time."""
     import pyarrow.parquet as pq
 
     store = Store.from_uri(dataset.url)
     fs = store.filesystem()
+    root = store.fs_path(dataset.url)
     names = [c.name for c in dataset.columns]
+    sel = dataset.selection
+    for group in list_row_groups(fs, root):
+        with fs.open_input_file(group.path) as f:
+            table = pq.ParquetFile(f).read_row_group(
+                group.index, columns=sel.read_columns(names) if sel else names)
+        if sel is not None:
+            table = sel.apply(root, group.path, group.index, table, names)
+        if table.num_rows:
+            yield {c.name: decode_arrow(c, table.column(c.name)) for c in dataset.columns}
+
+
+def batches(dataset: Dataset, size: int) -> Iterator[Chunk]:
+    """The rows of ``dataset`` in :func:`row_groups` order, cut into batches of exactly
+    ``size`` rows (the last one shorter): the same batches whatever the row-group sizes."""
+    pending: list[Chunk] = []
+    held = 0
+    for chunk in row_groups(dataset):
+        pending.append(chunk)
+        held += len(next(iter(chunk.values())))
+        while held >= size:
+            whole = _concat(pending)
+            yield {k: v[:size] for k, v in whole.items()}
+            rest = {k: v[size:] for k, v in whole.items()}
+            held -= size
+            pending = [rest] if held else []
+    if held:
+        yield _concat(pending)
+
+
+def _concat(chunks: list[Chunk]) -> Chunk:
+    if len(chunks) == 1:
+        return chunks[0]
+    return {k: np.concatenate([c[k] for c in chunks]) for k in chunks[0]}
+
+
+def read_rows(dataset: Dataset, limit: int | None = None) -> Chunk:
+    """All rows (or the first ``limit``) of ``dataset`` as decoded numpy arrays."""
     chunks: list[Chunk] = []
     seen = 0
-    for group in list_row_groups(fs, store.fs_path(dataset.url)):
-        with fs.open_input_file(group.path) as f:
-            table = pq.ParquetFile(f).read_row_group(group.index, columns=names)
-        chunks.append({c.name: decode_arrow(c, table.column(c.name)) for c in dataset.columns})
-        seen += table.num_rows
+    for chunk in row_groups(dataset):
+        chunks.append(chunk)
+        seen += len(next(iter(chunk.values())))
         if limit is not None and seen >= limit:
             break
-    out = {n: np.concatenate([c[n] for c in chunks]) for n in names}
+    if not chunks:
+        return {c.name: np.zeros((0, *c.shape), dtype=c.dtype) for c in dataset.columns}
+    out = _concat(chunks)
     return {n: v[:limit] for n, v in out.items()} if limit is not None else out

@@ -54,7 +54,7 @@ def materialize(spark: Any, df: Any, spec: DataSpec, store: Store, *, num_worker
     fields = {f.name: (spark_kind(f.dataType), f.dataType.simpleString()) for f in df.schema.fields}
     check_columns(spec, fields)
     kinds = {name: kind for name, (kind, _) in fields.items()}
-    split_col, fraction = _validation_setting(validation, kinds)
+    split_col, fraction = validation_setting(validation, kinds)
     selected = _select(df, spec, kinds, split_col, fraction, seed)
     groups = min_row_groups(num_workers)
     identity: dict[str, Any] = {"columns": [(c, spec.role(c), kinds[c]) for c in spec.columns],
@@ -95,7 +95,7 @@ def _cached(store: Store, key: str) -> PreparedData | None:
     return hit
 
 
-def _validation_setting(validation: float | str | None, kinds: dict[str, str]
+def validation_setting(validation: float | str | None, kinds: dict[str, str]
                         ) -> tuple[str | None, float]:
     if validation is None or validation == 0:
         return None, 0.0

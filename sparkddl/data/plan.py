@@ -21,6 +21,7 @@ from typing import Any
 from sparkddl.config import READERS
 from sparkddl.data.petastorm_check import unavailable_reason
 from sparkddl.data.schema import ColumnSpec
+from sparkddl.data.split import Selection
 from sparkddl.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
@@ -55,6 +56,11 @@ class ShardPlan:
     reader_pool: str = "thread"
     # the choice as asked, not as resolved: every rank resolves it again for its own Python
     reader: str = "auto"
+    # Parquet read in place: the rows of every row group this plan keeps (its side of the
+    # validation split; row_groups count the kept rows), and (path, size, mtime_ns) of every
+    # data file as planned, so that a file changed during the fit is noticed
+    selection: Selection | None = None
+    files: tuple[tuple[str, int, int], ...] = ()
 
     @property
     def names(self) -> list[str]:
@@ -114,17 +120,26 @@ def sub_shard(plan: ShardPlan, rank: int, part: int, parts: int) -> tuple[int, i
     return rank + plan.world * part, plan.world * parts
 
 
-def resolve_reader(choice: str, where: str = "driver") -> str:
+def resolve_reader(choice: str, where: str = "driver", rows_selected: bool = False) -> str:
     """The reader ``choice`` means in this Python process: "petastorm" or "arrow".
 
     "auto" takes Petastorm where it loads, else the Arrow reader; an explicit "petastorm"
     that cannot load here is a ConfigError. Called on the driver when planning (to fail
     before anything is launched) and on every rank before reading, because executors may
-    run another Python environment than the driver."""
+    run another Python environment than the driver. ``rows_selected``: the data keeps only
+    some rows of each row group (the split of a table read in place), which Petastorm, which
+    shuffles rows inside a row group before handing it over, cannot do."""
     if choice not in READERS:
         raise ConfigError(f"unknown reader {choice!r}; choose one of {', '.join(READERS)}")
     if choice == "arrow":
         return _chosen("arrow", "reader='arrow' was asked for", where)
+    if rows_selected:
+        if choice == "petastorm":
+            raise ConfigError(
+                "reader='petastorm' cannot read a table split in place (validation rows are "
+                "selected inside row groups); use reader='auto' or 'arrow', or validation=None")
+        return _chosen("arrow", "reader='auto' and the table read in place is split inside "
+                       "its row groups, which the Arrow reader does", where)
     problem = unavailable_reason()
     if choice == "petastorm" and problem:
         raise ConfigError(
@@ -159,17 +174,25 @@ def check_enough_rows(rows: int, world: int, batch_size: int) -> None:
                         f"{world} × {batch_size}; lower batchSize or numWorkers, or add data")
 
 
+def needs_stride(row_group_rows: list[int], world: int, batch_size: int) -> bool:
+    """True when whole row groups cannot be shared evenly enough by ``world`` ranks: more
+    than ``MAX_SKIPPED_SHARE`` of the rows would be skipped every epoch."""
+    by_group = shard_rows(row_group_rows, world)
+    used = world * (min(by_group) // batch_size) * batch_size
+    return used < (1 - MAX_SKIPPED_SHARE) * sum(row_group_rows)
+
+
 def plan_shards(url: str, columns: tuple[ColumnSpec, ...], row_group_rows: list[int], world: int,
                 batch_size: int, **options: Any) -> ShardPlan:
     """Choose row-group sharding (or row striding for datasets with too few or too uneven
     row groups) and the common number of steps per epoch. ``options`` are the reader
     fields of :class:`ShardPlan`; its ``reader`` choice is checked here, on the driver."""
-    resolve_reader(options.get("reader", "auto"))
+    resolve_reader(options.get("reader", "auto"),
+                   rows_selected=options.get("selection") is not None)
     total = sum(row_group_rows)
     check_enough_rows(total, world, batch_size)
     by_group = shard_rows(row_group_rows, world)
-    used_by_group = world * (min(by_group) // batch_size) * batch_size
-    stride = used_by_group < (1 - MAX_SKIPPED_SHARE) * total
+    stride = needs_stride(row_group_rows, world, batch_size)
     rows = stride_rows(total, world) if stride else by_group
     if stride:
         log.warning("%d row group(s) cannot be shared evenly by %d ranks (rows per rank would be "
@@ -180,3 +203,21 @@ def plan_shards(url: str, columns: tuple[ColumnSpec, ...], row_group_rows: list[
     return ShardPlan(url=url, columns=columns, world=world, batch_size=batch_size,
                      steps_per_epoch=steps, rows_per_rank=tuple(rows),
                      row_groups=tuple(row_group_rows), stride=stride, **options)
+
+
+def check_unchanged(filesystem: Any, root: str, files: tuple[tuple[str, int, int], ...],
+                    where: str) -> None:
+    """DataError naming the data files of ``root`` that differ from ``files``, the
+    (path, size, mtime_ns) recorded when the data was planned."""
+    now = {f.path: (f.size, f.mtime_ns) for f in data_files(filesystem, root)}
+    then = {path: (size, mtime) for path, size, mtime in files}
+    changed = sorted(p for p in then.keys() & now.keys() if then[p] != now[p])
+    gone, added = sorted(then.keys() - now.keys()), sorted(now.keys() - then.keys())
+    if changed or gone or added:
+        what = "; ".join(f"{label}: {', '.join(paths[:3])}" + (f" and {len(paths) - 3} more"
+                                                               if len(paths) > 3 else "")
+                         for label, paths in (("rewritten", changed), ("removed", gone),
+                                              ("added", added)) if paths)
+        raise DataError(f"{where}: the Parquet table at {root} changed after the fit planned it "
+                        f"({what}); a table must not be written while it is trained on. Train on "
+                        "a fixed version (a snapshot or copy), or start the fit again")

@@ -19,7 +19,7 @@ import numpy as np
 from sparkddl.config import POOL_TYPES
 from sparkddl.data import arrow_source, petastorm_source
 from sparkddl.data.batching import Chunk, Rebatcher, decode_arrow, to_tensors
-from sparkddl.data.plan import ShardPlan, resolve_reader
+from sparkddl.data.plan import ShardPlan, check_unchanged, resolve_reader
 from sparkddl.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -48,7 +48,12 @@ def epoch_batches(plan: ShardPlan, rank: int, epoch: int) -> Iterator[dict[str, 
     if plan.reader_pool not in POOL_TYPES:
         raise DataError(f"unknown reader pool {plan.reader_pool!r}; choose one of "
                         f"{', '.join(POOL_TYPES)}")
-    source = SOURCES[resolve_reader(plan.reader, f"rank {rank}")]
+    source = SOURCES[resolve_reader(plan.reader, f"rank {rank}", plan.selection is not None)]
+    if plan.files:
+        from sparkddl.store import Store
+        store = Store.from_uri(plan.url)
+        check_unchanged(store.filesystem(), store.fs_path(plan.url), plan.files,
+                        f"rank {rank}, epoch {epoch}")
     rng = np.random.default_rng([plan.seed, epoch, rank])
     rebatcher = Rebatcher(plan.batch_size, plan.shuffle_buffer, rng)
     emitted = 0

@@ -1,14 +1,22 @@
-"""Existing Parquet datasets used as they are: no Spark job, no copy."""
+"""Existing Parquet datasets used as they are: no Spark job, no copy. A Parquet URL, or a
+DataFrame that is a plain scan of Parquet files (:mod:`sparkddl.data.inplace` decides),
+split into training and validation rows inside its row groups (:mod:`sparkddl.data.split`)."""
 from __future__ import annotations
 
+import dataclasses
+import logging
 from typing import Any
 
 from sparkddl.data import fingerprint as fp
 from sparkddl.data.dataset import Dataset, PreparedData
-from sparkddl.data.plan import check_enough_rows, data_files, list_row_groups
+from sparkddl.data.plan import (RowGroup, check_enough_rows, data_files, list_row_groups,
+                                needs_stride)
 from sparkddl.data.schema import ColumnSpec, DataSpec, check_columns, column_spec
+from sparkddl.data.split import Selection, column_rows, fraction_rows
 from sparkddl.errors import DataError
 from sparkddl.store import Store
+
+log = logging.getLogger(__name__)
 
 
 def arrow_kind(t: Any) -> str:
@@ -48,7 +56,6 @@ def open_parquet(url: str, spec: DataSpec) -> Dataset:
                   for n in schema.names}
         check_columns(spec, fields)
         head = parquet.read_row_group(first.index, columns=list(spec.columns))
-    _check_nulls(fs, groups, spec)
     columns = []
     for name in spec.columns:
         kind = fields[name][0]
@@ -62,27 +69,79 @@ def open_parquet(url: str, spec: DataSpec) -> Dataset:
         col = column_spec(name, spec.role(name), kind, width, spec.declared_shape(name))
         columns.append(ColumnSpec(col.name, col.role, "list" if width else "scalar", col.dtype,
                                   col.shape))
+    _check_footers(fs, groups, tuple(columns))
     return Dataset(store.url(), tuple(columns), tuple(g.rows for g in groups))
 
 
-def _check_nulls(fs: Any, groups: list, spec: DataSpec) -> None:
+def _footers(fs: Any, groups: list[RowGroup]) -> Any:
+    """(path, metadata) of every file of ``groups``, each footer read once."""
     import pyarrow.parquet as pq
-
-    seen: dict[str, int] = {}
     for path in dict.fromkeys(g.path for g in groups):
         with fs.open_input_file(path) as f:
-            meta = pq.ParquetFile(f).metadata
-        names = [meta.schema.column(i).path for i in range(meta.num_columns)]
+            yield path, pq.ParquetFile(f).metadata
+
+
+def _check_footers(fs: Any, groups: list[RowGroup], columns: tuple[ColumnSpec, ...]) -> None:
+    """What the footers already tell, before any rank reads: nulls (column statistics), and
+    arrays of another length than the first row group's (value counts), naming the file."""
+    by_name = {c.name: c for c in columns}
+    nulls: dict[str, int] = {}
+    for path, meta in _footers(fs, groups):
+        leaves = [meta.schema.column(i).path for i in range(meta.num_columns)]
         for rg in range(meta.num_row_groups):
-            for i, name in enumerate(names):
-                top = name.split(".")[0]
-                stats = meta.row_group(rg).column(i).statistics
-                if top in spec.columns and stats is not None and stats.has_null_count and \
-                        stats.null_count and "." not in name:
-                    seen[top] = seen.get(top, 0) + stats.null_count
+            group = meta.row_group(rg)
+            for i, leaf in enumerate(leaves):
+                col = by_name.get(leaf.split(".")[0])
+                if col is None:
+                    continue
+                chunk = group.column(i)
+                stats = chunk.statistics
+                null_count = stats.null_count if stats is not None and stats.has_null_count \
+                    else 0
+                if col.encoding == "scalar":
+                    nulls[col.name] = nulls.get(col.name, 0) + null_count
+                    continue
+                if null_count:
+                    raise DataError(f"column {col.name!r} of {path} (row group {rg}) holds "
+                                    f"{null_count} null or missing array elements (null arrays, "
+                                    "null elements or empty arrays); fill or drop them first")
+                if chunk.num_values != group.num_rows * col.width:
+                    raise DataError(
+                        f"column {col.name!r} of {path} (row group {rg}) holds arrays of "
+                        f"varying length: {chunk.num_values} values in {group.num_rows} rows, "
+                        f"where every row of the first row group has {col.width}; pad or "
+                        "truncate them to one length first")
+    seen = {c: n for c, n in nulls.items() if n}
     if seen:
         what = ", ".join(f"{c!r} ({n} rows)" for c, n in seen.items())
         raise DataError(f"null values in {what}; drop or fill them first")
+
+
+def label_ranges(fs: Any, groups: list[RowGroup], columns: tuple[ColumnSpec, ...]
+                 ) -> tuple[tuple[str, int, int], ...]:
+    """(label, min, max) of integral label columns from the footers' statistics; a label
+    without statistics in some row group is left out (the sample check does without)."""
+    labels = [c.name for c in columns if c.role == "label" and c.encoding == "scalar"
+              and c.dtype == "int64"]
+    lows: dict[str, list[int]] = {n: [] for n in labels}
+    highs: dict[str, list[int]] = {n: [] for n in labels}
+    missing: set[str] = set()
+    for _, meta in _footers(fs, groups):
+        leaves = [meta.schema.column(i).path for i in range(meta.num_columns)]
+        for rg in range(meta.num_row_groups):
+            if not meta.row_group(rg).num_rows:
+                continue
+            for i, leaf in enumerate(leaves):
+                if leaf not in lows:
+                    continue
+                stats = meta.row_group(rg).column(i).statistics
+                if stats is None or not stats.has_min_max:
+                    missing.add(leaf)
+                else:
+                    lows[leaf].append(int(stats.min))
+                    highs[leaf].append(int(stats.max))
+    return tuple((n, min(lows[n]), max(highs[n])) for n in labels
+                 if n not in missing and lows[n])
 
 
 def prepare_parquet(url: str, spec: DataSpec, *, num_workers: int, batch_size: int,
@@ -102,3 +161,63 @@ def file_identity(url: str) -> list[tuple[str, int, int]]:
     store = Store.from_uri(url)
     files = data_files(store.filesystem(), store.fs_path(store.url()))
     return [(f.path, f.size, f.mtime_ns) for f in files]
+
+
+def prepare_table(url: str, spec: DataSpec, *, num_workers: int, batch_size: int,
+                  validation: float | str | None, seed: int) -> PreparedData | str:
+    """The Parquet table at ``url`` read in place, split by ``validation`` (a fraction or a
+    boolean/0-1 column of the table) inside its row groups; or, where it is better
+    materialized after all, the reason (its row groups cannot be shared by the ranks)."""
+    columns = list(spec.columns) + ([validation] if isinstance(validation, str) and
+                                    validation not in spec.columns else [])
+    whole = open_parquet(url, DataSpec.of(spec.feature_cols, spec.label_cols,
+                                          [c for c in columns if c not in spec.feature_cols
+                                           and c not in spec.label_cols],
+                                          dict(spec.feature_shapes)))
+    store = Store.from_uri(url)
+    fs, root = store.filesystem(), store.fs_path(store.url())
+    groups = list_row_groups(fs, root)
+    files = tuple(file_identity(url))
+    keep = tuple(c for c in whole.columns if c.name in spec.columns)
+    if not validation:
+        train = dataclasses.replace(whole, columns=keep, files=files)
+        val = None
+    else:
+        fraction = validation if isinstance(validation, float) else 0.0
+        column = validation if isinstance(validation, str) else None
+        val_rows = _validation_counts(fs, root, groups, fraction, seed, column)
+        train_rows = tuple(g.rows - v for g, v in zip(groups, val_rows))
+        if not sum(val_rows):
+            raise DataError(f"the validation split selected no rows out of {whole.rows}; raise "
+                            "validation or mark some rows in the validation column")
+        train = Dataset(whole.url, keep, train_rows,
+                        Selection("train", fraction, seed, column), files)
+        val = Dataset(whole.url, keep, tuple(val_rows),
+                      Selection("val", fraction, seed, column), files)
+    if not train.rows:
+        raise DataError(f"the validation split left no training rows out of {whole.rows}")
+    check_enough_rows(train.rows, num_workers, batch_size)
+    if needs_stride(list(train.row_groups), num_workers, batch_size):
+        return (f"its {len(groups)} row group(s) cannot be shared evenly by {num_workers} "
+                "ranks")
+    identity = {"table": files, "columns": [c.to_json() for c in keep],
+                "validation": validation, "seed": seed}
+    return PreparedData(train, val, fp.fingerprint(identity), source=url, in_place=True,
+                        label_ranges=label_ranges(fs, groups, keep))
+
+
+def _validation_counts(fs: Any, root: str, groups: list[RowGroup], fraction: float, seed: int,
+                       column: str | None) -> list[int]:
+    """Validation rows of every row group: from the seeded draws alone for a fraction, by
+    reading the one column for a split column."""
+    import pyarrow.parquet as pq
+
+    if column is None:
+        return [int(fraction_rows(fraction, seed, root, g.path, g.index, g.rows).sum())
+                for g in groups]
+    counts = []
+    for g in groups:
+        with fs.open_input_file(g.path) as f:
+            values = pq.ParquetFile(f).read_row_group(g.index, columns=[column]).column(column)
+        counts.append(int(column_rows(column, values, f"{g.path} row group {g.index}").sum()))
+    return counts

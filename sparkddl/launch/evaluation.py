@@ -13,6 +13,8 @@ from typing import Any, Callable
 
 from sparkddl import checkpoint
 from sparkddl.channel import messages
+from sparkddl.data import Dataset
+from sparkddl.data.local import batches
 from sparkddl.store import Store
 from sparkddl.train.components import build_module
 
@@ -62,11 +64,12 @@ class SnapshotEvaluator:
     URL for large models) with the channel reply to rank 0, used to ask for a stop;
     ``checkpointed`` marks that the ranks wrote a checkpoint after an epoch, and saves what
     the driver knows at that point next to it. Weights are always loaded with
-    ``torch.load(weights_only=True)``.
+    ``torch.load(weights_only=True)``. The validation split is streamed from its Parquet in
+    batches of ``EVAL_BATCH`` rows for every snapshot: the driver never holds all of it.
     """
 
     def __init__(self, model_factory: Callable[[], Any], loss_fn: Callable[..., Any],
-                 metrics: dict[str, Callable[..., Any]], val: dict[str, Any] | None,
+                 metrics: dict[str, Callable[..., Any]], val: Dataset | None,
                  features: tuple[str, ...], label: str, best_by: str, mode: str,
                  patience: int, store: Store, run_id: str):
         self.module = build_module(model_factory)
@@ -199,16 +202,16 @@ class SnapshotEvaluator:
         assert self.val is not None
         self.module.load_state_dict(state)
         self.module.eval()
-        n_total = len(self.val[self.label])
+        n_total = 0
         sums = {"val_loss": 0.0, **{f"val_{k}": 0.0 for k in self.metrics}}
         with torch.no_grad():
-            for start in range(0, n_total, EVAL_BATCH):
-                inputs = [torch.from_numpy(self.val[f][start:start + EVAL_BATCH])
-                          for f in self.features]
-                target = torch.from_numpy(self.val[self.label][start:start + EVAL_BATCH])
+            for batch in batches(self.val, EVAL_BATCH):
+                inputs = [torch.from_numpy(batch[f]) for f in self.features]
+                target = torch.from_numpy(batch[self.label])
                 output = self.module(*inputs)
                 n = len(target)
+                n_total += n
                 sums["val_loss"] += float(self.loss_fn(output, target)) * n
                 for k, fn in self.metrics.items():
                     sums[f"val_{k}"] += float(fn(output, target)) * n
-        return {k: v / n_total for k, v in sums.items()}
+        return {k: v / max(n_total, 1) for k, v in sums.items()}

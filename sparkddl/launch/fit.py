@@ -15,7 +15,6 @@ from sparkddl.channel import messages as m
 from sparkddl.channel.server import Message
 from sparkddl.config import TrainConfig
 from sparkddl.data import PreparedData
-from sparkddl.data.local import read_rows
 from sparkddl.errors import ConfigError, TrainingFailedError
 from sparkddl.launch import preflight
 from sparkddl.launch.checks import ProblemInfo
@@ -102,7 +101,7 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
                      optimizer=inputs.optimizer, loss=inputs.loss, metrics=inputs.metrics,
                      plan=plan, store_root=store.root)
     evaluator = SnapshotEvaluator(inputs.factory, inputs.loss, inputs.metrics,
-                                  read_rows(data.val) if data.val is not None else None,
+                                  data.val,
                                   config.features, config.label, inputs.best_by,
                                   best_mode(inputs.best_by, config.best_mode),
                                   config.early_stopping_patience, store, run_id)

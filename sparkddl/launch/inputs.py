@@ -32,7 +32,7 @@ class FitInputs:
 def prepare_data(df: Any, config: TrainConfig, store: Store, num_workers: int) -> PreparedData:
     return prepare(df, DataSpec.of(config.features, config.label, shapes=config.feature_shapes),
                    num_workers=num_workers, batch_size=config.batch_size, store=store,
-                   validation=config.validation, seed=config.seed)
+                   validation=config.validation, seed=config.seed, reader=config.reader)
 
 
 def shard_plan(data: PreparedData, config: TrainConfig, num_workers: int) -> ShardPlan:

@@ -10,6 +10,8 @@ import torch
 
 from sparkddl.channel import messages as m
 from sparkddl.channel.server import Message
+from sparkddl.data import DataSpec
+from sparkddl.data.source import open_parquet
 from sparkddl.launch.evaluation import SnapshotEvaluator
 from sparkddl.launch.monitor import StageMonitor
 from sparkddl.store import Store
@@ -27,9 +29,20 @@ def state(good: bool) -> bytes:
     return buf.getvalue()
 
 
+def val_data(tmp_path):
+    """X, Y as a Parquet dataset (two row groups): the evaluator streams it."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    folder = tmp_path / "val"
+    folder.mkdir(exist_ok=True)
+    table = pa.table({"x": pa.array(X.tolist(), pa.list_(pa.float32())), "y": Y})
+    pq.write_table(table, folder / "part-0.parquet", row_group_size=3)
+    return open_parquet(str(folder), DataSpec.of("x", "y"))
+
+
 def evaluator(tmp_path, patience: int = 2) -> SnapshotEvaluator:
     return SnapshotEvaluator(lambda: torch.nn.Linear(2, 2), torch.nn.CrossEntropyLoss(),
-                             resolve_metrics(["accuracy"]), {"x": X, "y": Y}, ("x",), "y",
+                             resolve_metrics(["accuracy"]), val_data(tmp_path), ("x",), "y",
                              "val_loss", "min", patience, Store.from_uri(tmp_path), "run1")
 
 

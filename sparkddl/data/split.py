@@ -1,0 +1,91 @@
+"""Row selections inside row groups: the validation split of Parquet read in place.
+
+A table read where it lies cannot be rewritten into a training part and a validation part,
+so both parts are the same files with a selection applied to every row group as it is read:
+
+- by fraction: a row is a validation row when a uniform draw, seeded by ``(seed, the file's
+  path relative to the dataset, the row group's index)`` and taken at the row's position in
+  its row group, falls below the fraction. Every row independently, as ``rand(seed) < f``
+  does in the materialized split: the count is binomial, not exact, and the rows chosen are
+  not the ones the materialized split chooses with the same seed. The split is reproducible
+  while the files are unchanged; rewriting (compacting) a table reshuffles it.
+- by column: a row is a validation row when its boolean / 0-1 column is true / 1.
+
+The driver counts the selected rows of every row group when planning (the fraction from the
+footers alone; a column by reading that one column), so shard plans and equal steps work on
+the selected rows exactly as on a materialized split.
+"""
+from __future__ import annotations
+
+import posixpath
+import zlib
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from sparkddl.errors import DataError
+
+TAKES = ("train", "val")
+
+
+@dataclass(frozen=True)
+class Selection:
+    """Which rows of every row group a dataset keeps: its ``take`` side of the split."""
+
+    take: str  # "train" or "val"
+    fraction: float = 0.0
+    seed: int = 0
+    column: str | None = None  # split by a boolean / 0-1 column instead of a fraction
+
+    def __post_init__(self) -> None:
+        assert self.take in TAKES, self.take
+        assert (self.column is None) == (0 < self.fraction < 1), (self.column, self.fraction)
+
+    def read_columns(self, names: list[str]) -> list[str]:
+        """The columns to read so that :meth:`apply` can select rows."""
+        return names + [self.column] if self.column and self.column not in names else names
+
+    def mask(self, root: str, path: str, index: int, table: Any) -> np.ndarray:
+        """True for the rows of this row group (``table``, read with :meth:`read_columns`)
+        that this side keeps."""
+        val = validation_rows(self, root, path, index, table)
+        return val if self.take == "val" else ~val
+
+    def apply(self, root: str, path: str, index: int, table: Any, names: list[str]) -> Any:
+        """``table`` with only this side's rows and only ``names``."""
+        import pyarrow as pa
+        keep = self.mask(root, path, index, table)
+        if not keep.all():
+            table = table.filter(pa.array(keep))
+        return table.select(names)
+
+
+def validation_rows(sel: Selection, root: str, path: str, index: int, table: Any
+                    ) -> np.ndarray:
+    if sel.column is None:
+        return fraction_rows(sel.fraction, sel.seed, root, path, index, table.num_rows)
+    return column_rows(sel.column, table.column(sel.column), f"{path} row group {index}")
+
+
+def fraction_rows(fraction: float, seed: int, root: str, path: str, index: int,
+                  rows: int) -> np.ndarray:
+    rel = posixpath.relpath(path, root) if root and path != root else posixpath.basename(path)
+    rng = np.random.default_rng([seed, zlib.crc32(rel.encode()), index])
+    return rng.random(rows) < fraction
+
+
+def column_rows(name: str, values: Any, where: str) -> np.ndarray:
+    import pyarrow as pa
+    arr = values.combine_chunks() if isinstance(values, pa.ChunkedArray) else values
+    if arr.null_count:
+        raise DataError(f"validation column {name!r} has {arr.null_count} null values in "
+                        f"{where}; fill them with 0/false first")
+    out = arr.to_numpy(zero_copy_only=False)
+    if out.dtype != bool:
+        bad = int(np.count_nonzero((out != 0) & (out != 1)))
+        if bad:
+            raise DataError(f"validation column {name!r} has {bad} values in {where} that are "
+                            "neither 0/1 nor true/false")
+        out = out == 1
+    return out

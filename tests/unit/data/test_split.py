@@ -1,0 +1,88 @@
+"""The validation split of tables read in place: a selection of rows inside every row group,
+reproducible, complementary, and identical wherever it is applied."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sparkddl.data.local import batches, read_rows
+from sparkddl.data.plan import check_unchanged
+from sparkddl.data.schema import DataSpec
+from sparkddl.data.source import prepare_table
+from sparkddl.data.split import Selection, fraction_rows
+from sparkddl.errors import DataError
+from sparkddl.store import Store
+
+
+def table_dir(tmp_path, files: int = 3, rows: int = 900, group: int = 100) -> str:
+    folder = tmp_path / "t"
+    folder.mkdir()
+    for f in range(files):
+        ids = np.arange(f * rows, (f + 1) * rows)
+        pq.write_table(pa.table({"x": ids.astype(np.float32), "id": ids, "flag": ids % 4 == 0}),
+                       folder / f"part-{f}.parquet", row_group_size=group)
+    return str(folder)
+
+
+def test_fraction_draws_depend_on_seed_file_and_row_group_only():
+    a = fraction_rows(0.3, 1, "/t", "/t/a.parquet", 2, 1000)
+    assert (a == fraction_rows(0.3, 1, "/elsewhere", "/elsewhere/a.parquet", 2, 1000)).all()
+    assert not (a == fraction_rows(0.3, 2, "/t", "/t/a.parquet", 2, 1000)).all()
+    assert not (a == fraction_rows(0.3, 1, "/t", "/t/a.parquet", 3, 1000)).all()
+    assert 250 < a.sum() < 350
+
+
+@pytest.mark.parametrize("validation", [0.25, "flag"])
+def test_train_and_validation_sides_are_complementary_and_counted_exactly(tmp_path, validation):
+    url = table_dir(tmp_path)
+    data = prepare_table(url, DataSpec.of("x", extra="id"), num_workers=2, batch_size=8,
+                         validation=validation, seed=9)
+    train, val = read_rows(data.train)["id"], read_rows(data.val)["id"]
+    assert sorted(np.concatenate([train, val]).tolist()) == list(range(2700))
+    assert (len(train), len(val)) == (data.train.rows, data.val.rows)
+    assert sum(data.train.row_groups) + sum(data.val.row_groups) == 2700
+    if validation == "flag":
+        assert sorted(val.tolist()) == list(range(0, 2700, 4))
+    # batches of a fixed size whatever the row-group boundaries, in read order
+    cut = np.concatenate([b["id"] for b in batches(data.val, 64)])
+    assert (cut == val).all()
+    assert [len(b["id"]) for b in batches(data.val, 64)][:-1] == [64] * (len(val) // 64)
+
+
+def test_a_split_that_selects_nothing_is_refused(tmp_path):
+    url = table_dir(tmp_path, files=1, rows=300)
+    with pytest.raises(DataError, match="selected no rows"):
+        prepare_table(url, DataSpec.of("x"), num_workers=1, batch_size=8, validation=1e-9,
+                      seed=0)
+
+
+def test_tables_whose_row_groups_cannot_be_shared_are_left_to_materialization(tmp_path):
+    url = table_dir(tmp_path, files=1, rows=900, group=900)  # one row group for two ranks
+    why = prepare_table(url, DataSpec.of("x"), num_workers=2, batch_size=8, validation=None,
+                        seed=0)
+    assert why == "its 1 row group(s) cannot be shared evenly by 2 ranks"
+
+
+def test_changed_added_and_removed_files_are_named(tmp_path):
+    url = table_dir(tmp_path)
+    store = Store.from_uri(url)
+    fs, root = store.filesystem(), store.fs_path(url)
+    data = prepare_table(url, DataSpec.of("x"), num_workers=2, batch_size=8, validation=None,
+                         seed=0)
+    check_unchanged(fs, root, data.train.files, "here")  # unchanged: no error
+    pq.write_table(pa.table({"x": np.zeros(5, np.float32)}), f"{root}/part-9.parquet")
+    (tmp_path / "t" / "part-0.parquet").unlink()
+    with pytest.raises(DataError, match=r"here: the Parquet table at .* changed after the fit "
+                                        r"planned it \(removed: .*part-0.parquet; added: "
+                                        r".*part-9.parquet\)"):
+        check_unchanged(fs, root, data.train.files, "here")
+
+
+def test_selection_keeps_only_the_requested_columns():
+    table = pa.table({"x": [1.0, 2.0], "flag": [True, False]})
+    sel = Selection("train", column="flag")
+    assert sel.read_columns(["x"]) == ["x", "flag"]
+    out = sel.apply("/t", "/t/a", 0, table, ["x"])
+    assert out.column_names == ["x"] and out.column("x").to_pylist() == [2.0]
