@@ -138,8 +138,9 @@ def test_second_materialization_is_a_cache_hit(spark_local, tmp_path, caplog):
     spec = DataSpec.of("x", extra="id")
     store = tmp_path / "store"
 
-    def fit_data(df):
-        return prepare(df, spec, num_workers=2, batch_size=8, store=store, validation=0.2)
+    def fit_data(df):  # an expression: not read in place, materialized (and cached)
+        return prepare(df.selectExpr("id", "x * 2 as x"), spec, num_workers=2, batch_size=8,
+                       store=store, validation=0.2)
 
     first = fit_data(spark_local.read.parquet(str(src)))
     with caplog.at_level(logging.INFO, logger="sparkddl"):
@@ -148,8 +149,8 @@ def test_second_materialization_is_a_cache_hit(spark_local, tmp_path, caplog):
     assert second.fingerprint == first.fingerprint and second.train == first.train
     assert "data cache hit" in caplog.text
     # changed settings or changed data: a new fingerprint
-    other_split = prepare(spark_local.read.parquet(str(src)), spec, num_workers=2, batch_size=8,
-                          store=store, validation=0.3)
+    other_split = prepare(spark_local.read.parquet(str(src)).selectExpr("id", "x * 2 as x"),
+                          spec, num_workers=2, batch_size=8, store=store, validation=0.3)
     assert not other_split.cache_hit and other_split.fingerprint != first.fingerprint
     spark_local.range(500, 510).selectExpr("id", "cast(id as float) as x") \
         .write.mode("append").parquet(str(src))

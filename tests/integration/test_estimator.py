@@ -15,7 +15,8 @@ from sparkddl.store import Store
 from tests.integration.digits import accuracy, digits_df, mlp
 
 HISTORY_KEYS = {"epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy",
-                "samples_per_sec", "epoch_time_s", "comm_bytes", "comm_calls", "attempt"}
+                "samples_per_sec", "epoch_time_s", "data_wait_s", "comm_bytes", "comm_calls",
+                "attempt"}
 
 
 def estimator(store, **params) -> TorchEstimator:
@@ -42,6 +43,7 @@ def test_digits_on_two_workers_and_on_one_with_the_same_global_batch(digits, tmp
     assert [r["epoch"] for r in two.history] == list(range(1, 16))
     assert all(HISTORY_KEYS <= set(r) for r in two.history)
     assert all(r["samples_per_sec"] > 0 and r["comm_bytes"] > 0 for r in two.history)
+    assert all(0 < r["data_wait_s"] < r["epoch_time_s"] for r in two.history)
     assert two.historyDataFrame().count() == 15
     assert two.task == "multiclass" and two.steps_per_rank[0] == two.steps_per_rank[1]
     one = estimator(tmp_path, numWorkers=1, batchSize=64).fit(train)
