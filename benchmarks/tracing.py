@@ -25,7 +25,7 @@ class Trace:
         self._saved: list[tuple[Any, str, Any]] = []
         for owner, names in [(inputs, ["prepare", "check_sample"]),
                              (launcher, ["run_stage"]),
-                             (materialize, ["_profile", "_write", "_cached", "write_meta"]),
+                             (materialize, ["_size", "_profile", "_write", "_cached", "write_meta"]),
                              (fingerprint, ["plan_text", "input_file_identity",
                                             "identified_by_files"])]:
             for name in names:
@@ -95,6 +95,8 @@ class Trace:
         return {"fingerprint (plan + input files)": self.total(
                     "plan_text", "input_file_identity", "identified_by_files"),
                 "cache lookups": self.total("_cached"),
-                "profile job (count, nulls, lengths, labels)": self.total("_profile"),
-                "write job (encode, repartition, Parquet) + footers": self.total("_write"),
+                "count + first row (data identified by its files)": self.total("_size"),
+                "profile job (other data: count, nulls, lengths, labels, content hash)":
+                    self.total("_profile"),
+                "write job (encode + check, Parquet) + footers": self.total("_write"),
                 "write meta.json": self.total("write_meta")}

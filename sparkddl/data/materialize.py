@@ -1,15 +1,21 @@
 """Driver side: a DataFrame -> validated, fingerprinted Parquet shards in the Store.
 
-One Spark job profiles the selected columns (row count, nulls, array lengths, the
-validation split, and a content hash when the plan alone cannot identify the data); a
-second writes them, re-partitioned so that every rank gets several row groups. A later call
-with unchanged data finds ``meta.json`` under the same fingerprint and writes nothing.
+Data identified by its plan and input files (file scans, ranges) is written in one pass:
+a count sizes the row groups (a file scan answers it from the footers), then one job encodes
+and writes every partition as it is, without a shuffle, gathering in an accumulator what the
+driver checks afterwards (nulls, array lengths, labels, the split); data that fails the
+checks is deleted and refused. Other data (local rows, RDDs) is profiled first, with a
+content hash, so that a cache hit writes nothing. A later call with unchanged data finds
+``meta.json`` under the same fingerprint and writes nothing.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
+import json
 import logging
 import math
+import posixpath
 import uuid
 from dataclasses import dataclass
 from typing import Any, Iterator
@@ -60,26 +66,41 @@ def materialize(spark: Any, df: Any, spec: DataSpec, store: Store, *, num_worker
     identity: dict[str, Any] = {"columns": [(c, spec.role(c), kinds[c]) for c in spec.columns],
                                 "shapes": spec.feature_shapes, "validation": validation,
                                 "seed": seed, "min_row_groups": groups}
-    by_files = fp.identified_by_files(df)
-    if by_files:
+    sc = spark.sparkContext
+    if fp.identified_by_files(df):
+        # the plan and the files identify the data: one pass, which checks while it writes
         identity.update(plan=fp.plan_text(df), files=fp.input_file_identity(spark, df))
         cached = _cached(store, fp.fingerprint(identity))
         if cached:
             return cached
-    with heap_errors(spark.sparkContext, "profiling the training data"):
-        profile = _profile(selected, spec, kinds, split_col, content_hash=not by_files)
-    _check(profile, spec, split_col, fraction, num_workers, batch_size)
-    if not by_files:
+        with heap_errors(sc, "sizing the training data"):
+            rows, widths = _size(selected, spec, kinds)
+        if not rows:
+            raise DataError("the DataFrame is empty: there is nothing to train on")
+        profile = None
+    else:  # local data, RDDs, tables: a content hash first, so that a cache hit writes nothing
+        with heap_errors(sc, "profiling the training data"):
+            profile = _profile(selected, spec, kinds, split_col, content_hash=True)
+        _check(profile, spec, split_col, fraction, num_workers, batch_size)
         identity.update(content=profile.content_hash, rows=profile.rows)
         cached = _cached(store, fp.fingerprint(identity))
         if cached:
             return cached
+        rows, widths = profile.rows, {c: lo for c, (lo, _) in profile.lengths.items()}
     key = fp.fingerprint(identity)
-    columns = tuple(column_spec(c, spec.role(c), kinds[c], profile.lengths.get(c, (None,))[0],
+    columns = tuple(column_spec(c, spec.role(c), kinds[c], widths.get(c),
                                 spec.declared_shape(c)) for c in spec.columns)
-    with heap_errors(spark.sparkContext, "writing the training data"):
-        prepared = _write(selected, columns, store, key, profile, groups,
-                          row_group_bytes(spark.sparkContext, ROW_GROUP_BYTES))
+    with heap_errors(sc, "writing the training data"):
+        prepared, sums = _write(selected, columns, store, key, rows, groups,
+                                row_group_bytes(sc, ROW_GROUP_BYTES))
+    if profile is None:
+        profile = _written_profile(sums, spec, kinds, split_col)
+        try:
+            _check(profile, spec, split_col, fraction, num_workers, batch_size)
+        except DataError:
+            store.delete(store.data_url(key))  # nothing of bad data stays in the store
+            raise
+    prepared = dataclasses.replace(prepared, label_ranges=profile.label_ranges)
     write_meta(store, key, prepared)
     log.info("materialized %d rows (%d train, %d validation) to %s", profile.rows,
              prepared.train.rows, prepared.val.rows if prepared.val else 0,
@@ -202,69 +223,205 @@ def _check(p: Profile, spec: DataSpec, split_col: str | None, fraction: float,
     check_enough_rows(p.rows - p.val_rows, num_workers, batch_size)
 
 
-def _write(selected: Any, columns: tuple[ColumnSpec, ...], store: Store, key: str,
-           profile: Profile, min_groups: int, group_bytes: int) -> PreparedData:
+def _size(selected: Any, spec: DataSpec, kinds: dict[str, str]
+          ) -> tuple[int, dict[str, int]]:
+    """Rows (a count: a file scan answers it without reading columns) and the length of
+    every array column in its first row with values (the write checks every other row)."""
+    from pyspark.sql import functions as F
+
+    rows = selected.count()
+    arrays = [c for c in spec.columns if _is_array(kinds[c])]
+    if not rows or not arrays:
+        return rows, {}
+    present = functools.reduce(lambda a, b: a & b, [_q(c).isNotNull() for c in arrays])
+    first = selected.where(present).select(*[F.size(_q(c)).alias(f"w{i}")
+                                             for i, c in enumerate(arrays)]).limit(1).collect()
+    if not first:
+        return rows, {c: 0 for c in arrays}  # every row has a null array: the check says so
+    return rows, {c: int(first[0][f"w{i}"]) for i, c in enumerate(arrays)}
+
+
+def _is_array(kind: str) -> bool:
+    return kind == "vector" or kind.startswith("array")
+
+
+def _merge(a: dict[str, Any], b: dict[str, Any]) -> dict[str, Any]:
+    """Statistics of two parts of the data: counts add up, ``lo:``/``hi:`` keys keep the
+    minimum/maximum."""
+    for k, v in b.items():
+        if k not in a:
+            a[k] = v
+        elif k.startswith("lo:"):
+            a[k] = min(a[k], v)
+        elif k.startswith("hi:"):
+            a[k] = max(a[k], v)
+        else:
+            a[k] += v
+    return a
+
+
+def _written_profile(sums: dict[str, Any], spec: DataSpec, kinds: dict[str, str],
+                     split_col: str | None) -> Profile:
+    arrays = [c for c in spec.columns if _is_array(kinds[c])]
+    labels = [c for c in spec.label_cols if kinds[c] == "integral"]
+    return Profile(
+        rows=int(sums.get("rows", 0)), val_rows=int(sums.get("val_rows", 0)),
+        nulls={c: int(sums.get(f"nulls:{c}", 0)) for c in spec.columns},
+        lengths={c: (sums.get(f"lo:len:{c}"), sums.get(f"hi:len:{c}")) for c in arrays},
+        null_elements={c: int(sums.get(f"elements:{c}", 0)) for c in arrays},
+        bad_split_values=int(sums.get("bad_split", 0)) if split_col else 0,
+        content_hash=None,
+        label_ranges=tuple((c, int(sums[f"lo:label:{c}"]), int(sums[f"hi:label:{c}"]))
+                           for c in labels if f"lo:label:{c}" in sums))
+
+
+def _write(selected: Any, columns: tuple[ColumnSpec, ...], store: Store, key: str, rows: int,
+           min_groups: int, group_bytes: int) -> tuple[PreparedData, dict[str, Any]]:
+    """One Spark job, no shuffle: every task encodes its partition and writes it with pyarrow
+    into row groups of exactly the same number of rows (a few of them short: the end of each
+    task's part), so that whole row groups share evenly between ranks; each task reports its
+    files and the statistics :func:`_check` needs, which come back summed."""
     row_bytes = sum(c.nbytes for c in columns) + 8
-    total_bytes = profile.rows * row_bytes
+    total_bytes = max(rows * row_bytes, 1)
+    group_rows = max(1, min(group_bytes, math.ceil(total_bytes / min_groups)) // row_bytes)
     files = max(min_groups, math.ceil(total_bytes / FILE_BYTES))
     parts = f"parts-{uuid.uuid4().hex[:8]}"  # a concurrent writer of the same data gets its own
-    encoded = selected.mapInArrow(functools.partial(encode_batches, columns),
-                                  _output_schema(columns))
-    (encoded.repartition(files).write.partitionBy(SPLIT_COL)
-     .option("parquet.block.size", str(group_bytes))
-     .parquet(store.spark_url("data", key, parts)))
+    root = store.data_url(key, parts)
+    if selected.rdd.getNumPartitions() > 2 * files:  # many small partitions: fewer files
+        selected = selected.coalesce(files)
+    reports = selected.mapInArrow(
+        functools.partial(write_partition, columns, store, root, group_rows),
+        "split string, path string, stats string").collect()
+    sums: dict[str, Any] = {}
+    written: dict[str, set[str]] = {"train": set(), "val": set()}
+    for report in reports:
+        sums = _merge(sums, json.loads(report["stats"]))
+        if report["path"]:
+            written[report["split"]].add(store.fs_path(report["path"]))
+    fs = store.filesystem()
 
-    def split(value: str) -> Dataset | None:
-        url = store.data_url(key, parts, f"{SPLIT_COL}={value}")
-        if not store.exists(url):
+    def split(name: str) -> Dataset | None:
+        url = f"{root}/{SPLIT_COL}={name}"
+        for stray in store.listdir(url):  # what failed or retried task attempts left
+            if posixpath.join(store.fs_path(url), stray) not in written[name]:
+                store.delete(f"{url}/{stray}")
+        if not written[name]:
             return None
-        groups = list_row_groups(store.filesystem(), store.fs_path(url))
+        groups = list_row_groups(fs, store.fs_path(url))
         return Dataset(url, columns, tuple(g.rows for g in groups))
 
-    train = split("train")
-    if train is None:
+    train, val = split("train"), split("val")
+    if train is None and not sums.get("bad_rows"):
         raise DataError("no training rows were written; check the validation setting")
-    return PreparedData(train, split("val"), key, cache_hit=False,
-                        label_ranges=profile.label_ranges)
+    return PreparedData(train, val, key, cache_hit=False), sums
 
 
-_DDL = {"float32": "float", "float64": "double", "int64": "bigint"}
+_ARROW = {"float32": "float32", "float64": "float64", "int64": "int64"}
 
 
-def _output_schema(columns: tuple[ColumnSpec, ...]) -> str:
-    fields = [f"`{c.name}` {'binary' if c.encoding == 'tensor' else _DDL[c.dtype]}"
-              for c in columns]
-    return ", ".join(fields + [f"{SPLIT_COL} string"])
+def write_partition(columns: tuple[ColumnSpec, ...], store: Store, root: str, group_rows: int,
+                    batches: Iterator[Any]) -> Iterator[Any]:
+    """mapInArrow, on an executor: encode one partition (:func:`encode_batch`), write its
+    training and validation rows to a Parquet file each, in row groups of ``group_rows``,
+    and yield one report row per file (plus one carrying the statistics)."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    from pyspark import TaskContext
+
+    ctx = TaskContext.get()
+    name = f"part-{ctx.partitionId():05d}-{ctx.attemptNumber()}.parquet"
+    fs = store.filesystem()
+    schema = pa.schema([(c.name, pa.binary() if c.encoding == "tensor" else _ARROW[c.dtype])
+                        for c in columns])
+    plain = [c.name for c in columns if c.encoding != "tensor"]
+    writers: dict[str, Any] = {}
+    pending: dict[str, list[Any]] = {"train": [], "val": []}
+    counts = {"train": 0, "val": 0}
+    sums: dict[str, Any] = {}
+
+    def flush(split: str, everything: bool) -> None:
+        rows = sum(b.num_rows for b in pending[split])
+        whole = rows if everything else rows - rows % group_rows
+        if not whole:
+            return
+        table = pa.Table.from_batches(pending[split], schema)
+        if split not in writers:
+            path = f"{store.fs_path(root)}/{SPLIT_COL}={split}/{name}"
+            fs.create_dir(posixpath.dirname(path), recursive=True)
+            writers[split] = pq.ParquetWriter(fs.open_output_stream(path), schema,
+                                              use_dictionary=plain, write_statistics=plain)
+        writers[split].write_table(table.slice(0, whole), row_group_size=group_rows)
+        pending[split] = table.slice(whole).to_batches()
+        counts[split] += whole
+
+    try:
+        for whole in batches:
+            batch_sums, parts = encode_batch(columns, schema, whole)
+            sums = _merge(sums, batch_sums)
+            for split, part in parts.items():
+                pending[split].append(part)
+                if sum(b.num_rows for b in pending[split]) >= group_rows:
+                    flush(split, everything=False)
+        for split in pending:
+            flush(split, everything=True)
+    finally:
+        for writer in writers.values():
+            writer.close()
+    reports = [(split, f"{root}/{SPLIT_COL}={split}/{name}") for split in writers]
+    yield pa.RecordBatch.from_pydict({
+        "split": [s for s, _ in reports] + [""], "path": [p for _, p in reports] + [""],
+        "stats": [json.dumps({})] * len(reports) + [json.dumps(sums)]})
 
 
-def encode_batches(columns: tuple[ColumnSpec, ...], batches: Iterator[Any]) -> Iterator[Any]:
-    """mapInArrow: arrays -> fixed-width little-endian binary, scalars cast, split named.
-
-    Runs on executors, one Arrow batch at a time; output batches stay under 2 GiB of binary
-    per column (Arrow's 32-bit offsets)."""
+def encode_batch(columns: tuple[ColumnSpec, ...], schema: Any, batch: Any
+                 ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """One Arrow batch -> (its statistics, its rows encoded by split: arrays as fixed-width
+    little-endian binary, scalars cast). The statistics are what the driver checks: rows,
+    validation rows, nulls, array lengths and null elements, the range of integral labels.
+    A batch with rows that cannot be encoded (nulls, arrays of another length) yields no rows,
+    as the driver refuses the data when it sees the statistics."""
     import numpy as np
     import pyarrow as pa
     import pyarrow.compute as pc
 
-    widest = max([c.nbytes for c in columns if c.encoding == "tensor"] or [1])
-    step = max(1, ((1 << 31) - 1) // widest)
-    for whole in batches:
-        for start in range(0, whole.num_rows, step):
-            batch = whole.slice(start, step)
-            arrays = []
-            for c in columns:
-                col = batch.column(c.name)
-                if c.encoding == "tensor":
-                    values = col.flatten().to_numpy(zero_copy_only=False)
-                    raw = np.ascontiguousarray(values, dtype=np.dtype(c.dtype).newbyteorder("<"))
-                    if raw.size != len(col) * c.width:
-                        raise ValueError(f"column {c.name!r}: arrays of unequal length")
-                    offsets = np.arange(0, (len(col) + 1) * c.nbytes, c.nbytes, dtype=np.int32)
-                    col = pa.Array.from_buffers(pa.binary(), len(col),
-                                                [None, pa.py_buffer(offsets), pa.py_buffer(raw)])
-                else:
-                    col = col.cast(pa.from_numpy_dtype(np.dtype(c.dtype)))
-                arrays.append(col)
-            split = pc.if_else(pc.equal(batch.column(SPLIT_COL), 1), "val", "train")
-            yield pa.RecordBatch.from_arrays(arrays + [split], [c.name for c in columns] +
-                                             [SPLIT_COL])
+    sums: dict[str, Any] = {"rows": batch.num_rows}
+    split = batch.column(SPLIT_COL)
+    is_val = pc.equal(split, 1)
+    sums["val_rows"] = pc.sum(is_val).as_py() or 0
+    sums["bad_split"] = batch.num_rows - (pc.sum(pc.is_in(
+        split, value_set=pa.array([0, 1], split.type))).as_py() or 0)
+    arrays, encodable = [], True
+    for c in columns:
+        col = batch.column(c.name)
+        sums[f"nulls:{c.name}"] = col.null_count
+        encodable &= not col.null_count
+        if c.encoding == "tensor":
+            if len(col):
+                lo, hi = pc.min_max(pc.list_value_length(col).fill_null(c.width)).values()
+                sums[f"lo:len:{c.name}"], sums[f"hi:len:{c.name}"] = lo.as_py(), hi.as_py()
+                encodable &= lo.as_py() == hi.as_py() == c.width
+            flat = col.flatten()
+            sums[f"elements:{c.name}"] = flat.null_count
+            encodable &= not flat.null_count
+            if not encodable:
+                continue
+            raw = np.ascontiguousarray(flat.to_numpy(zero_copy_only=False),
+                                       dtype=np.dtype(c.dtype).newbyteorder("<"))
+            offsets = np.arange(0, (len(col) + 1) * c.nbytes, c.nbytes, dtype=np.int32)
+            col = pa.Array.from_buffers(pa.binary(), len(col),
+                                        [None, pa.py_buffer(offsets), pa.py_buffer(raw)])
+        else:
+            if c.role == "label" and c.dtype == "int64" and col.null_count < len(col):
+                lo, hi = pc.min_max(col).values()
+                sums[f"lo:label:{c.name}"], sums[f"hi:label:{c.name}"] = lo.as_py(), hi.as_py()
+            col = col.cast(pa.from_numpy_dtype(np.dtype(c.dtype)))
+        arrays.append(col)
+    if not encodable or sums["bad_split"]:
+        sums["bad_rows"] = batch.num_rows
+        return sums, {}
+    encoded = pa.RecordBatch.from_arrays(arrays, schema=schema)
+    if not sums["val_rows"]:
+        return sums, {"train": encoded}
+    if sums["val_rows"] == batch.num_rows:
+        return sums, {"val": encoded}
+    return sums, {"train": encoded.filter(pc.invert(is_val)), "val": encoded.filter(is_val)}
