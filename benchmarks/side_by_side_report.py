@@ -7,15 +7,19 @@ from typing import Any, Callable
 from common import write_results
 from tracing import CHECKS, DATA, END, LAUNCH, LOOP
 
-FIT_COLD, FIT_WARM = "TorchEstimator.fit (cold)", "TorchEstimator.fit (warm)"
+FIT_COLD, FIT_WARM = "TorchEstimator.fit (cold: the table read in place)", \
+    "TorchEstimator.fit (warm)"
+FIT_DERIVED = "TorchEstimator.fit (cold: a filtered DataFrame, materialized)"
 RUN_COLD = "sparkddl.run + data plane (cold)"
-PEER = "peer: TorchDistributor + Petastorm"
+PEER = "peer: TorchDistributor + Petastorm (DataFrame written to Parquet first)"
+PEER_DISK = "peer: TorchDistributor + Petastorm reading the table's Parquet files"
 REFERENCE = "reference: plain torch DDP, 2 processes, in-memory, no Spark"
 LOCAL_SGD = "TorchEstimator.fit (warm), strategy=local_sgd period 8"
 NO_OVERLAP = "TorchEstimator.fit (warm), allreduce overlap=False"
 FLOOR, FLOOR_2 = "floor, 1 thread", "floor, 2 threads"
 COLUMNS = ["runner", "workers", "threads_per_worker", "e2e_s", "loop_s", "samples_per_s",
-           "samples_per_s_per_worker", "final_loss", "e2e_vs_peer", "per_worker_vs_floor",
+           "samples_per_s_per_worker", "final_loss", "e2e_vs_peer", "e2e_vs_peer_on_disk",
+           "per_worker_vs_floor",
            "per_worker_vs_plain_ddp"]
 
 
@@ -26,10 +30,11 @@ def report(results: dict[str, Any], notes: dict[str, Any], hp: dict[str, Any], n
     rows = [row(name, r, 1 if name in (FLOOR, FLOOR_2) else hp["workers"])
             for name, r in results.items()]
     ceiling = next(r for r in rows if r["runner"] == REFERENCE)["samples_per_s_per_worker"]
-    peer_e2e = results[PEER]["e2e_s"]
+    peer_e2e, disk_e2e = results[PEER]["e2e_s"], results[PEER_DISK]["e2e_s"]
     floor_rate = next(r for r in rows if r["runner"] == FLOOR)["samples_per_s"]
     for r in rows:
         r["e2e_vs_peer"] = r["e2e_s"] / peer_e2e
+        r["e2e_vs_peer_on_disk"] = r["e2e_s"] / disk_e2e
         r["per_worker_vs_floor"] = r["samples_per_s_per_worker"] / floor_rate
         r["per_worker_vs_plain_ddp"] = r["samples_per_s_per_worker"] / ceiling
     breakdown = {name: [{"phase": p, "kind": kind, "s": end - begin}
@@ -44,9 +49,11 @@ def report(results: dict[str, Any], notes: dict[str, Any], hp: dict[str, Any], n
         "side_by_side", rows, COLUMNS,
         f"{n_rows:,} rows x 64 floats, MLP 64-256-256-10, {hp['epochs']} epochs, batch "
         f"{hp['batch']} per worker, Adam lr {hp['lr']:g}, local[2]", _plot(rows, breakdown),
-        notes=("Goals: sparkddl e2e <= 0.5 x peer; per-worker loop throughput >= 0.8 x the "
-               "floor with 1 torch thread (each rank has 1). e2e from the DataFrame to the "
-               "trained model; shared costs below are not in any e2e."),
+        notes=("Goals: sparkddl e2e <= 0.5 x peer, from a DataFrame the peer writes to "
+               "Parquet and from the table's Parquet files the peer reads where they are; "
+               "per-worker loop throughput >= 1.0 x plain DDP without Spark (each rank has "
+               "1 torch thread). e2e from the DataFrame to the trained model; shared costs "
+               "below are not in any e2e."),
         extra={"hyper": hp, "rows_in_data": n_rows, "shared_costs_s": shared,
                "breakdown_s": breakdown, "materialize_s": materialize},
         more_md=_goals_md(rows) + "\n\n" + _breakdown_md(shared, breakdown, materialize))
@@ -55,13 +62,16 @@ def report(results: dict[str, Any], notes: dict[str, Any], hp: dict[str, Any], n
 def _goals_md(rows: list[dict[str, Any]]) -> str:
     by = {r["runner"]: r for r in rows}
     lines = ["#### Goals", ""]
-    for name in (FIT_COLD, RUN_COLD, FIT_WARM, NO_OVERLAP):
+    for name in (FIT_COLD, FIT_DERIVED, RUN_COLD, FIT_WARM, NO_OVERLAP):
         r = by[name]
-        lines.append(f"- {name}: e2e {r['e2e_vs_peer']:.2f} x peer (goal <= 0.5: "
-                     f"{'met' if r['e2e_vs_peer'] <= 0.5 else 'not met'}); per-worker loop "
-                     f"throughput {r['per_worker_vs_floor']:.2f} x floor (goal >= 0.8: "
-                     f"{'met' if r['per_worker_vs_floor'] >= 0.8 else 'not met'}), "
-                     f"{r['per_worker_vs_plain_ddp']:.2f} x plain DDP without Spark.")
+        lines.append(f"- {name}: e2e {r['e2e_vs_peer_on_disk']:.2f} x the peer reading the "
+                     f"table's files (goal <= 0.5: "
+                     f"{'met' if r['e2e_vs_peer_on_disk'] <= 0.5 else 'not met'}), "
+                     f"{r['e2e_vs_peer']:.2f} x the peer writing the DataFrame first; "
+                     f"per-worker loop throughput {r['per_worker_vs_plain_ddp']:.2f} x plain "
+                     f"DDP without Spark (goal >= 1.0: "
+                     f"{'met' if r['per_worker_vs_plain_ddp'] >= 1.0 else 'not met'}), "
+                     f"{r['per_worker_vs_floor']:.2f} x the 1-thread floor.")
     ref = by[REFERENCE]
     lines.append(f"- The ceiling for synchronous DDP here: plain torch DDP (2 processes, "
                  f"in-memory tensors, no Spark) reaches {ref['per_worker_vs_floor']:.2f} x "
@@ -88,8 +98,10 @@ def _breakdown_md(shared: dict[str, float], breakdown: dict[str, list[dict[str, 
 
 
 SHORT = {"floor, 1 thread": "floor, 1 thread", "floor, 2 threads": "floor, 2 threads",
-         REFERENCE: "plain DDP, no Spark", PEER: "TorchDistributor + Petastorm",
-         FIT_COLD: "sparkddl fit (cold)", RUN_COLD: "sparkddl.run (cold)",
+         REFERENCE: "plain DDP, no Spark", PEER: "TorchDistributor + Petastorm (df.write)",
+         PEER_DISK: "TorchDistributor + Petastorm (table files)",
+         FIT_COLD: "sparkddl fit (cold, in place)",
+         FIT_DERIVED: "sparkddl fit (cold, materialized)", RUN_COLD: "sparkddl.run (cold)",
          FIT_WARM: "sparkddl fit (warm)",
          NO_OVERLAP: "sparkddl fit (warm), no overlap",
          LOCAL_SGD: "sparkddl fit (warm), local_sgd"}
@@ -108,22 +120,23 @@ def _plot(rows: list[dict[str, Any]], breakdown: dict[str, list[dict[str, Any]]]
         a.barh(names, [t - lp for t, lp in zip(e2e, loop)], left=loop, color="C1", alpha=0.6,
                label="everything else")
         for i, r in enumerate(rows[::-1]):
-            a.text(r["e2e_s"] + 0.2, i, f"{r['e2e_s']:.1f} s = {r['e2e_vs_peer']:.2f} x peer",
+            a.text(r["e2e_s"] + 0.2, i, f"{r['e2e_s']:.1f} s = "
+                   f"{r['e2e_vs_peer_on_disk']:.2f} x peer on the table's files",
                    va="center", fontsize=8)
-        a.set_xlim(0, max(e2e) * 1.45)
         a.set_xlabel("end-to-end wall time from the DataFrame (s)")
         a.set_title("End to end (goal: sparkddl <= 0.5 x TorchDistributor + Petastorm)")
+        a.set_xlim(0, max(e2e) * 1.7)
         a.legend(loc="lower right", fontsize=8)
         per = [r["samples_per_s_per_worker"] / 1e3 for r in rows][::-1]
         b.barh(names, per, color="C2")
-        floor_rate = next(r for r in rows if r["runner"] == FLOOR)["samples_per_s"] / 1e3
-        b.axvline(0.8 * floor_rate, color="k", ls="--", lw=1, label="0.8 x floor, 1 thread")
+        ddp = next(r for r in rows if r["runner"] == REFERENCE)["samples_per_s_per_worker"]
+        b.axvline(ddp / 1e3, color="k", ls="--", lw=1, label="plain DDP, no Spark")
         for i, r in enumerate(rows[::-1]):
-            b.text(per[i] + 1, i, f"{r['per_worker_vs_floor']:.2f} x floor", va="center",
-                   fontsize=8)
+            b.text(per[i] + 1, i, f"{r['per_worker_vs_plain_ddp']:.2f} x plain DDP",
+                   va="center", fontsize=8)
         b.set_xlim(0, max(per) * 1.3)
         b.set_xlabel("training-loop samples/s per worker (thousands)")
-        b.set_title("Throughput per worker (goal: >= 0.8 x floor with 1 thread)")
+        b.set_title("Throughput per worker (goal: >= 1.0 x plain DDP without Spark)")
         b.legend(loc="lower right", fontsize=8)
         _plot_kinds(c, breakdown)
         fig.tight_layout()

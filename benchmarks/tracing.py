@@ -13,6 +13,18 @@ DATA, CHECKS, LAUNCH, LOOP, END = ("DataFrame -> Parquet", "driver checks",
                                    "teardown + results")
 
 
+def recording(spans: list[tuple[str, float, float]], name: str, original: Any) -> Any:
+    """``original``, appending (name, start, end) to ``spans`` on every call."""
+    @functools.wraps(original)
+    def timed(*args: Any, **kwargs: Any) -> Any:
+        start = time.time()
+        try:
+            return original(*args, **kwargs)
+        finally:
+            spans.append((name, start, time.time()))
+    return timed
+
+
 class Trace:
     """Wall-clock timestamps of sparkddl's driver-side calls and of the ranks' messages as
     they reach the driver, taken by wrapping library functions (restored by ``close``)."""
@@ -34,16 +46,8 @@ class Trace:
 
     def _wrap(self, owner: Any, name: str) -> None:
         original = getattr(owner, name)
-
-        @functools.wraps(original)
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            start = time.time()
-            try:
-                return original(*args, **kwargs)
-            finally:
-                self.spans.append((name, start, time.time()))
         self._saved.append((owner, name, original))
-        setattr(owner, name, timed)
+        setattr(owner, name, recording(self.spans, name, original))
 
     def _wrap_monitor(self, cls: Any) -> None:
         original = cls.handle

@@ -20,6 +20,7 @@ from sparkddl.channel.client import RankChannel
 from sparkddl.channel.messages import Done, Error, Rendezvous, Stop, parse
 from sparkddl.errors import ClusterError
 from sparkddl.task import context
+from sparkddl.task.affinity import pinned
 from sparkddl.task.dist import note_visible_devices
 from sparkddl.task.gpu import map_gpu_addresses
 from sparkddl.task.heartbeat import Heartbeat
@@ -143,15 +144,16 @@ def rank_environment(spec: TaskSpec, spark_ctx: Any, channel: RankChannel,
     status["phase"] = "running"  # still starting: the function's own setup follows
     saved = (torch.get_num_threads(), torch.get_rng_state())
     ok = False
-    with _patched_environ(_torchrun_env(ctx, threads)):
+    with _patched_environ(_torchrun_env(ctx, threads)), \
+            pinned(ctx.local_rank, ctx.local_world_size, threads) as cpus:
         if gpus:
             note_visible_devices()
         torch.set_num_threads(threads)
         context.set_current(ctx)
         try:
-            log.info("rank %d/%d joined %s:%d (local rank %d, %d torch threads%s)", rank, world,
-                     ctx.master_addr, master_port, ctx.local_rank, threads,
-                     f", GPUs {gpus}" if gpus else "")
+            log.info("rank %d/%d joined %s:%d (local rank %d, %d torch threads%s%s)", rank,
+                     world, ctx.master_addr, master_port, ctx.local_rank, threads,
+                     f", CPUs {cpus}" if cpus else "", f", GPUs {gpus}" if gpus else "")
             yield ctx
             ok = True
         finally:
