@@ -13,7 +13,8 @@ PYTEST_ARGS ?=
 # on the current stack: the unit suite and the parts that depend on pyspark/pyarrow/numpy
 # versions (runner, data plane with the Arrow reader, estimator); the rest is the same code
 CURRENT_TESTS ?= tests/unit tests/integration/test_run.py tests/integration/test_data.py \
-	tests/integration/test_estimator.py tests/integration/test_stack.py
+	tests/integration/test_estimator.py tests/integration/test_stack.py \
+	tests/integration/test_inplace.py
 
 .PHONY: venv run test test-pinned test-current pytest-current test-fast bench plan clean
 

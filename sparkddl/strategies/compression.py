@@ -183,7 +183,7 @@ def _all_gather_then(payload: "torch.Tensor", decode: Any, comm: CommStats) -> "
     world = dist.get_world_size()
     gathered = torch.empty(world * payload.numel(), dtype=payload.dtype, device=payload.device)
     comm.add(tensor_bytes(payload))
-    fut = dist.all_gather_single(gathered, payload, async_op=True).get_future()
+    fut = dist.all_gather_into_tensor(gathered, payload, async_op=True).get_future()
     return fut.then(lambda _: decode(gathered.view(world, -1)))
 
 
