@@ -11,10 +11,15 @@ from sparkddl.data.dataset import Dataset
 from sparkddl.data.plan import list_row_groups
 from sparkddl.store import Store
 
+STREAM_ROWS = 65_536  # rows decoded at once on the driver
+READ_BUFFER = 1 << 20  # bytes read ahead from a file: pages, not whole column chunks
+
 
 def row_groups(dataset: Dataset) -> Iterator[Chunk]:
     """Every row group of ``dataset`` in order (Petastorm's), decoded, with its split's rows
-    only; one row group in memory at a time."""
+    only, streamed in parts of at most ``STREAM_ROWS`` rows: a large row group is never
+    whole in memory."""
+    import pyarrow as pa
     import pyarrow.parquet as pq
 
     store = Store.from_uri(dataset.url)
@@ -24,12 +29,19 @@ def row_groups(dataset: Dataset) -> Iterator[Chunk]:
     sel = dataset.selection
     for group in list_row_groups(fs, root):
         with fs.open_input_file(group.path) as f:
-            table = pq.ParquetFile(f).read_row_group(
-                group.index, columns=sel.read_columns(names) if sel else names)
-        if sel is not None:
-            table = sel.apply(root, group.path, group.index, table, names)
-        if table.num_rows:
-            yield {c.name: decode_arrow(c, table.column(c.name)) for c in dataset.columns}
+            parts = pq.ParquetFile(f, buffer_size=READ_BUFFER).iter_batches(
+                batch_size=STREAM_ROWS, row_groups=[group.index], use_threads=False,
+                columns=sel.read_columns(names) if sel else names)
+            start = 0
+            for part in parts:
+                table = pa.Table.from_batches([part])
+                if sel is not None:
+                    table = sel.apply(root, group.path, group.index, table, names, start,
+                                      group.rows)
+                start += part.num_rows
+                if table.num_rows:
+                    yield {c.name: decode_arrow(c, table.column(c.name))
+                           for c in dataset.columns}
 
 
 def batches(dataset: Dataset, size: int) -> Iterator[Chunk]:

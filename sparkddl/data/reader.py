@@ -32,7 +32,8 @@ SOURCES: dict[str, Source] = {"petastorm": petastorm_source.read_sub_shard,
 
 # "thread": row groups are read and decoded by background threads, ahead of training;
 # "dummy": read inline in the training thread
-QUEUE_DEPTH = 2  # decoded row groups buffered per reader thread
+QUEUE_DEPTH = 2  # decoded row groups buffered per reader thread, at most...
+QUEUE_BYTES = 64 << 20  # ...and not more than this (at least one): large groups hold memory
 # how long a stopped epoch waits for its reader threads; one stuck in I/O is left behind
 # (they are daemons) so that training, or the error being raised, goes on
 JOIN_TIMEOUT_S = 10.0
@@ -109,7 +110,7 @@ def _prefetched(source: Source, plan: ShardPlan, rank: int, epoch: int
     parts = 1 if plan.stride else max(1, min(plan.reader_workers,
                                              len(plan.row_groups) // plan.world))
     stop = threading.Event()
-    queues = [queue.Queue(QUEUE_DEPTH) for _ in range(parts)]
+    queues = [queue.Queue(queue_depth(plan)) for _ in range(parts)]
     threads = [threading.Thread(target=_fill, args=(source, plan, rank, epoch, k, parts, q, stop),
                                 daemon=True, name=f"sparkddl-reader-{k}")
                for k, q in enumerate(queues)]
@@ -132,6 +133,13 @@ def _prefetched(source: Source, plan: ShardPlan, rank: int, epoch: int
             while not q.empty():
                 q.get_nowait()
         _join(threads, rank)
+
+
+def queue_depth(plan: ShardPlan) -> int:
+    """Decoded row groups each reader thread may hold ready: ``QUEUE_DEPTH``, fewer when
+    the largest row group would make that more than ``QUEUE_BYTES``."""
+    group_bytes = max(plan.row_groups, default=0) * sum(c.nbytes for c in plan.columns)
+    return max(1, min(QUEUE_DEPTH, QUEUE_BYTES // max(group_bytes, 1)))
 
 
 def _join(threads: list[threading.Thread], rank: int) -> None:

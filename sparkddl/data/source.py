@@ -7,7 +7,10 @@ import dataclasses
 import logging
 from typing import Any
 
+import numpy as np
+
 from sparkddl.data import fingerprint as fp
+from sparkddl.data.batching import value_counts
 from sparkddl.data.dataset import Dataset, PreparedData
 from sparkddl.data.plan import (RowGroup, check_enough_rows, data_files, list_row_groups,
                                 needs_stride)
@@ -15,6 +18,8 @@ from sparkddl.data.schema import ColumnSpec, DataSpec, check_columns, column_spe
 from sparkddl.data.split import Selection, column_rows, fraction_rows
 from sparkddl.errors import DataError
 from sparkddl.store import Store
+
+HEAD_ROWS = 1024  # rows read to learn the width of array columns
 
 log = logging.getLogger(__name__)
 
@@ -50,18 +55,20 @@ def open_parquet(url: str, spec: DataSpec) -> Dataset:
         raise DataError(f"no Parquet rows under {url}; point at a directory of Parquet files")
     first = next(g for g in groups if g.rows)  # an empty one has no arrays to measure
     with fs.open_input_file(first.path) as f:
-        parquet = pq.ParquetFile(f)
+        parquet = pq.ParquetFile(f, buffer_size=1 << 20)  # pages, not whole column chunks
         schema = parquet.schema_arrow
         fields = {n: (arrow_kind(schema.field(n).type), str(schema.field(n).type))
                   for n in schema.names}
         check_columns(spec, fields)
-        head = parquet.read_row_group(first.index, columns=list(spec.columns))
+        # the first rows give the array widths; the footers then check every row group
+        head = next(parquet.iter_batches(batch_size=HEAD_ROWS, row_groups=[first.index],
+                                         columns=list(spec.columns), use_threads=False))
     columns = []
     for name in spec.columns:
         kind = fields[name][0]
         width = None
         if kind.startswith("array"):
-            lengths = set(head.column(name).combine_chunks().value_lengths().to_pylist())
+            lengths = set(np.unique(value_counts(head.column(name))).tolist())
             width = lengths.pop() if len(lengths) == 1 else None
             if width is None:
                 raise DataError(f"column {name!r} holds arrays of unequal length; every row "

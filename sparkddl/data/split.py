@@ -46,25 +46,29 @@ class Selection:
         """The columns to read so that :meth:`apply` can select rows."""
         return names + [self.column] if self.column and self.column not in names else names
 
-    def mask(self, root: str, path: str, index: int, table: Any) -> np.ndarray:
-        """True for the rows of this row group (``table``, read with :meth:`read_columns`)
-        that this side keeps."""
-        val = validation_rows(self, root, path, index, table)
+    def mask(self, root: str, path: str, index: int, table: Any, start: int = 0,
+             group_rows: int | None = None) -> np.ndarray:
+        """True for the rows of ``table`` (read with :meth:`read_columns`) that this side
+        keeps: all of row group ``index``, or its rows ``start..`` of ``group_rows``."""
+        val = validation_rows(self, root, path, index, table, start, group_rows)
         return val if self.take == "val" else ~val
 
-    def apply(self, root: str, path: str, index: int, table: Any, names: list[str]) -> Any:
+    def apply(self, root: str, path: str, index: int, table: Any, names: list[str],
+              start: int = 0, group_rows: int | None = None) -> Any:
         """``table`` with only this side's rows and only ``names``."""
         import pyarrow as pa
-        keep = self.mask(root, path, index, table)
+        keep = self.mask(root, path, index, table, start, group_rows)
         if not keep.all():
             table = table.filter(pa.array(keep))
         return table.select(names)
 
 
-def validation_rows(sel: Selection, root: str, path: str, index: int, table: Any
-                    ) -> np.ndarray:
+def validation_rows(sel: Selection, root: str, path: str, index: int, table: Any,
+                    start: int = 0, group_rows: int | None = None) -> np.ndarray:
     if sel.column is None:
-        return fraction_rows(sel.fraction, sel.seed, root, path, index, table.num_rows)
+        rows = fraction_rows(sel.fraction, sel.seed, root, path, index,
+                             table.num_rows if group_rows is None else group_rows)
+        return rows[start:start + table.num_rows]
     return column_rows(sel.column, table.column(sel.column), f"{path} row group {index}")
 
 

@@ -179,3 +179,13 @@ def test_dataspec_rejects_duplicates_and_stray_shapes():
         DataSpec.of("a", "a")
     with pytest.raises(DataError, match="not a feature column"):
         DataSpec.of("a", "b", shapes={"b": (2,)})
+
+
+def test_reader_threads_hold_fewer_large_row_groups():
+    from sparkddl.data.reader import QUEUE_BYTES, QUEUE_DEPTH, queue_depth
+    wide = (ColumnSpec("v", "feature", "tensor", "float32", (64,)),)
+    small = plan_shards("u", wide, [1000] * 4, world=2, batch_size=10)
+    assert queue_depth(small) == QUEUE_DEPTH
+    rows = QUEUE_BYTES // 256  # one row group of QUEUE_BYTES: one held at a time
+    large = plan_shards("u", wide, [rows] * 4, world=2, batch_size=10)
+    assert queue_depth(large) == 1

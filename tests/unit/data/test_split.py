@@ -86,3 +86,19 @@ def test_selection_keeps_only_the_requested_columns():
     assert sel.read_columns(["x"]) == ["x", "flag"]
     out = sel.apply("/t", "/t/a", 0, table, ["x"])
     assert out.column_names == ["x"] and out.column("x").to_pylist() == [2.0]
+
+
+@pytest.mark.parametrize("validation", [0.25, "flag"])
+def test_streaming_a_row_group_in_parts_selects_the_same_rows(tmp_path, monkeypatch,
+                                                             validation):
+    from sparkddl.data import local
+    url = table_dir(tmp_path)
+    data = prepare_table(url, DataSpec.of("x", extra="id"), num_workers=2, batch_size=8,
+                         validation=validation, seed=3)
+    whole = {side.selection.take: read_rows(side) for side in (data.train, data.val)}
+    monkeypatch.setattr(local, "STREAM_ROWS", 7)  # row groups of 100 rows read 7 at a time
+    for side in (data.train, data.val):
+        parts = read_rows(side)
+        assert (parts["id"] == whole[side.selection.take]["id"]).all()
+        streamed = np.concatenate([b["id"] for b in batches(side, 16)])
+        assert (streamed == parts["id"]).all()
