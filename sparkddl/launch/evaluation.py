@@ -14,6 +14,7 @@ from typing import Any, Callable
 from sparkddl import checkpoint
 from sparkddl.channel import messages
 from sparkddl.data import Dataset
+from sparkddl.data.batching import to_tensors
 from sparkddl.data.local import batches
 from sparkddl.store import Store
 from sparkddl.train.components import build_module
@@ -205,9 +206,9 @@ class SnapshotEvaluator:
         n_total = 0
         sums = {"val_loss": 0.0, **{f"val_{k}": 0.0 for k in self.metrics}}
         with torch.no_grad():
-            for batch in batches(self.val, EVAL_BATCH):
-                inputs = [torch.from_numpy(batch[f]) for f in self.features]
-                target = torch.from_numpy(batch[self.label])
+            for batch in map(to_tensors, batches(self.val, EVAL_BATCH)):
+                inputs = [batch[f] for f in self.features]
+                target = batch[self.label]
                 output = self.module(*inputs)
                 n = len(target)
                 n_total += n
