@@ -74,7 +74,7 @@ def materialize(spark: Any, df: Any, spec: DataSpec, store: Store, *, num_worker
         if cached:
             return cached
         with heap_errors(sc, "sizing the training data"):
-            rows, widths = _size(selected, spec, kinds)
+            rows, widths = _size(df, selected, spec, kinds)
         if not rows:
             raise DataError("the DataFrame is empty: there is nothing to train on")
         profile = None
@@ -223,13 +223,15 @@ def _check(p: Profile, spec: DataSpec, split_col: str | None, fraction: float,
     check_enough_rows(p.rows - p.val_rows, num_workers, batch_size)
 
 
-def _size(selected: Any, spec: DataSpec, kinds: dict[str, str]
+def _size(df: Any, selected: Any, spec: DataSpec, kinds: dict[str, str]
           ) -> tuple[int, dict[str, int]]:
-    """Rows (a count: a file scan answers it without reading columns) and the length of
-    every array column in its first row with values (the write checks every other row)."""
+    """Rows (a count of ``df``, which has the rows of ``selected``: a file scan answers it
+    without reading columns, where the split's ``rand`` would make Spark read them) and the
+    length of every array column in its first row with values (the write checks every
+    other row)."""
     from pyspark.sql import functions as F
 
-    rows = selected.count()
+    rows = df.count()
     arrays = [c for c in spec.columns if _is_array(kinds[c])]
     if not rows or not arrays:
         return rows, {}
