@@ -36,17 +36,19 @@ def digits(spark_local):
 @pytest.mark.timeout(300)
 def test_digits_on_two_workers_and_on_one_with_the_same_global_batch(digits, tmp_path):
     train, test = digits
-    two = estimator(tmp_path).fit(train)
+    # 25 epochs: at 15 the accuracy was 0.947-0.964 depending on the reader's batch order
+    # (Arrow or Petastorm), too close to the goal; at 25 it is 0.961-0.969 on both stacks
+    two = estimator(tmp_path, epochs=25).fit(train)
     acc_two = accuracy(two.transform(test))
     assert acc_two >= 0.95
-    assert len(two.history) == two.epochs_done == 15
-    assert [r["epoch"] for r in two.history] == list(range(1, 16))
+    assert len(two.history) == two.epochs_done == 25
+    assert [r["epoch"] for r in two.history] == list(range(1, 26))
     assert all(HISTORY_KEYS <= set(r) for r in two.history)
     assert all(r["samples_per_sec"] > 0 and r["comm_bytes"] > 0 for r in two.history)
     assert all(0 < r["data_wait_s"] < r["epoch_time_s"] for r in two.history)
-    assert two.historyDataFrame().count() == 15
+    assert two.historyDataFrame().count() == 25
     assert two.task == "multiclass" and two.steps_per_rank[0] == two.steps_per_rank[1]
-    one = estimator(tmp_path, numWorkers=1, batchSize=64).fit(train)
+    one = estimator(tmp_path, numWorkers=1, batchSize=64, epochs=25).fit(train)
     acc_one = accuracy(one.transform(test))
     assert acc_one >= 0.93 and abs(acc_one - acc_two) <= 0.03
     pred = two.transform(test).select("prediction", "probability", "rawPrediction").first()
