@@ -1,10 +1,10 @@
 """Driver side: a DataFrame -> validated, fingerprinted Parquet shards in the Store.
 
 Data identified by its plan and input files (file scans, ranges) is written in one pass:
-a count sizes the row groups (a file scan answers it from the footers), then one job encodes
-and writes every partition as it is, without a shuffle, gathering in an accumulator what the
-driver checks afterwards (nulls, array lengths, labels, the split); data that fails the
-checks is deleted and refused. Other data (local rows, RDDs) is profiled first, with a
+a count sizes the row groups (a file scan answers it from the footers), then one job, without
+a shuffle, has every task encode its partition and write it with pyarrow, and report its
+files and what the driver checks afterwards (nulls, array lengths, labels, the split); data
+that fails the checks is deleted and refused. Other data (local rows, RDDs) is profiled first, with a
 content hash, so that a cache hit writes nothing. A later call with unchanged data finds
 ``meta.json`` under the same fingerprint and writes nothing.
 """
@@ -170,7 +170,7 @@ def _profile(selected: Any, spec: DataSpec, kinds: dict[str, str], split_col: st
 
     aggs = [F.count(F.lit(1)).alias("rows"), count_if(_q(SPLIT_COL) == 1).alias("val_rows"),
             count_if(~_q(SPLIT_COL).isin(0, 1) | _q(SPLIT_COL).isNull()).alias("bad_split")]
-    arrays = [c for c in spec.columns if kinds[c] == "vector" or kinds[c].startswith("array")]
+    arrays = [c for c in spec.columns if _is_array(kinds[c])]
     for i, name in enumerate(spec.columns):
         aggs.append(count_if(_q(name).isNull()).alias(f"n{i}"))
     for i, name in enumerate(arrays):
@@ -318,14 +318,12 @@ def _write(selected: Any, columns: tuple[ColumnSpec, ...], store: Store, key: st
     return PreparedData(train, val, key, cache_hit=False), sums
 
 
-_ARROW = {"float32": "float32", "float64": "float64", "int64": "int64"}
-
-
 def write_partition(columns: tuple[ColumnSpec, ...], store: Store, root: str, group_rows: int,
                     batches: Iterator[Any]) -> Iterator[Any]:
     """mapInArrow, on an executor: encode one partition (:func:`encode_batch`), write its
     training and validation rows to a Parquet file each, in row groups of ``group_rows``,
     and yield one report row per file (plus one carrying the statistics)."""
+    import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
     from pyspark import TaskContext
@@ -333,12 +331,11 @@ def write_partition(columns: tuple[ColumnSpec, ...], store: Store, root: str, gr
     ctx = TaskContext.get()
     name = f"part-{ctx.partitionId():05d}-{ctx.attemptNumber()}.parquet"
     fs = store.filesystem()
-    schema = pa.schema([(c.name, pa.binary() if c.encoding == "tensor" else _ARROW[c.dtype])
-                        for c in columns])
+    schema = pa.schema([(c.name, pa.binary() if c.encoding == "tensor" else
+                         pa.from_numpy_dtype(np.dtype(c.dtype))) for c in columns])
     plain = [c.name for c in columns if c.encoding != "tensor"]
     writers: dict[str, Any] = {}
     pending: dict[str, list[Any]] = {"train": [], "val": []}
-    counts = {"train": 0, "val": 0}
     sums: dict[str, Any] = {}
 
     def flush(split: str, everything: bool) -> None:
@@ -350,11 +347,12 @@ def write_partition(columns: tuple[ColumnSpec, ...], store: Store, root: str, gr
         if split not in writers:
             path = f"{store.fs_path(root)}/{SPLIT_COL}={split}/{name}"
             fs.create_dir(posixpath.dirname(path), recursive=True)
-            writers[split] = pq.ParquetWriter(fs.open_output_stream(path), schema,
+            # given the path, the writer owns its file and closes it (an object store
+            # completes the upload only then)
+            writers[split] = pq.ParquetWriter(path, schema, filesystem=fs,
                                               use_dictionary=plain, write_statistics=plain)
         writers[split].write_table(table.slice(0, whole), row_group_size=group_rows)
         pending[split] = table.slice(whole).to_batches()
-        counts[split] += whole
 
     try:
         for whole in batches:

@@ -8,12 +8,9 @@ Python worker is reused by later tasks, so its CPUs are given back when the rank
 """
 from __future__ import annotations
 
-import logging
 import os
 from contextlib import contextmanager
 from typing import Iterator
-
-log = logging.getLogger(__name__)
 
 
 def rank_cpus(available: list[int], local_rank: int, local_world: int,
