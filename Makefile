@@ -1,6 +1,7 @@
 # One entry point. Every target sets up its virtualenv itself (scripts/venv.sh: a no-op when
-# nothing changed). Two tested stacks: constraints.txt (.venv, with Petastorm) and
-# constraints-current.txt (.venv-current: newest pyspark 4.x, pyarrow >= 18, numpy 2).
+# nothing changed). Three tested stacks: constraints.txt (.venv, with Petastorm),
+# constraints-current.txt (.venv-current: newest pyspark 4.x, pyarrow >= 18, numpy 2) and
+# constraints-oldest.txt (.venv-oldest: the current stack with torch 2.4.1, the oldest admitted).
 VENV ?= .venv
 CONSTRAINTS ?= constraints.txt
 PY := $(abspath $(VENV))/bin/python
@@ -15,8 +16,13 @@ PYTEST_ARGS ?=
 CURRENT_TESTS ?= tests/unit tests/integration/test_run.py tests/integration/test_data.py \
 	tests/integration/test_estimator.py tests/integration/test_stack.py \
 	tests/integration/test_inplace.py
+# on the oldest torch: the unit suite and the parts that use torch's APIs most (the runner, the
+# estimator, every strategy through Spark)
+OLDEST_TESTS ?= tests/unit tests/integration/test_run.py tests/integration/test_estimator.py \
+	tests/integration/test_strategies_spark.py
 
-.PHONY: venv run test test-pinned test-current pytest-current test-fast bench plan clean
+.PHONY: venv run test test-pinned test-current pytest-current test-oldest pytest-oldest \
+	test-fast bench plan clean
 
 venv:
 	@SPARKDDL_VENV=$(VENV) SPARKDDL_CONSTRAINTS=$(CONSTRAINTS) scripts/venv.sh
@@ -24,8 +30,9 @@ venv:
 run: venv
 	$(VENV)/bin/sparkddl train conf/digits.toml
 
-# the README's test command: the full suite on the pinned stack, then the current stack
-test: test-pinned test-current
+# the README's test command: the full suite on the pinned stack, then the current and the
+# oldest stacks
+test: test-pinned test-current test-oldest
 
 test-pinned: venv
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -37,6 +44,13 @@ test-current:
 pytest-current: venv
 	$(PY) -m pytest $(CURRENT_TESTS) $(PYTEST_ARGS)
 
+test-oldest:
+	@$(MAKE) --no-print-directory VENV=.venv-oldest CONSTRAINTS=constraints-oldest.txt \
+		pytest-oldest
+
+pytest-oldest: venv
+	$(PY) -m pytest $(OLDEST_TESTS) $(PYTEST_ARGS)
+
 test-fast: venv
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
 
@@ -47,4 +61,4 @@ plan: venv
 	$(VENV)/bin/sparkddl plan conf/digits.toml
 
 clean:
-	rm -rf .venv .venv-current .pytest_cache runs
+	rm -rf .venv .venv-current .venv-oldest .pytest_cache runs

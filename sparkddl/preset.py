@@ -11,12 +11,17 @@ import dataclasses
 import difflib
 import importlib.resources
 import re
-import tomllib
+import sys
 import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # Python 3.10: the same parser, as a package (setup.cfg requires it there)
+    import tomli as tomllib
 
 from sparkddl.config import TrainConfig
 from sparkddl.errors import ConfigError
