@@ -110,7 +110,8 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
     log.info("fit %s: %d workers x batch %d, %d steps per epoch, %d epochs, strategy %s",
              run_id, config.num_workers, config.batch_size, plan.steps_per_epoch, config.epochs,
              config.strategy)
-    policy = RestartPolicy(config.max_restarts, config.timeout_s, started, config.num_workers)
+    policy = RestartPolicy(config.max_restarts, config.timeout_s, started, config.num_workers,
+                           config.use_gpu)
     try:
         summary, restarts = _attempts(sc, spec, config, store, evaluator, progress, policy)
     finally:

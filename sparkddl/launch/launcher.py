@@ -40,6 +40,6 @@ def launch_ranks(sc: Any, fn: Callable[..., Any], args: tuple = (),
                         echo_output=not preflight.is_local_master(sc.master))
 
     results = run_stage(sc, make_spec, timeout_s=timeout_s, handlers=handlers, watchdog_s=watchdog_s,
-                        description=description)
+                        description=description, profile=preflight.stage_profile(sc, use_gpu))
     from pyspark import cloudpickle
     return cloudpickle.loads(results[0]) if results else None

@@ -7,7 +7,9 @@ turn each case into a clear error while nothing is running yet.
 from __future__ import annotations
 
 import logging
+import re
 import time
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from sparkddl.errors import ClusterError, ConfigError
@@ -40,15 +42,19 @@ def check_dynamic_allocation(conf: Mapping[str, str], master: str) -> None:
             "of executors (spark.executor.instances)")
 
 
+def _amount(conf: Mapping[str, str], key: str) -> float:
+    try:
+        return float(conf.get(key, "") or 0)
+    except ValueError:
+        return 0.0
+
+
 def check_gpu_conf(conf: Mapping[str, str], use_gpu: bool) -> None:
+    """Local masters: Spark assigns no GPUs there unless tasks ask for them."""
     if not use_gpu:
         return
     amount = conf.get("spark.task.resource.gpu.amount", "")
-    try:
-        ok = float(amount) > 0
-    except ValueError:
-        ok = False
-    if not ok:
+    if _amount(conf, "spark.task.resource.gpu.amount") <= 0:
         raise ClusterError(
             "use_gpu=True but no GPU task resources are configured "
             f"(spark.task.resource.gpu.amount={amount or 'unset'}); set "
@@ -56,38 +62,169 @@ def check_gpu_conf(conf: Mapping[str, str], use_gpu: bool) -> None:
             "and spark.task.resource.gpu.amount, or run with use_gpu=False")
 
 
-def task_slots(sc: Any) -> int:
-    """How many tasks the cluster can run at once under the default resource profile
-    (cores and, when configured, GPUs per task both count)."""
+@dataclass(frozen=True)
+class GpuStage:
+    """How the training stage gets its GPUs. ``cpus`` set: through a stage-level resource
+    profile of 1 GPU and ``cpus`` CPUs per task, so every other job (preparation, sizing,
+    ``transform``) stays a CPU task; None: the default profile already gives each task its
+    GPU. ``line`` is the preflight's one-line account."""
+
+    cpus: int | None
+    line: str
+
+
+def gpu_stage(conf: Mapping[str, str], master: str, use_gpu: bool,
+              executor_cores: int | None) -> GpuStage | None:
+    """Decide how the training stage asks for GPUs (None without ``use_gpu``).
+
+    Cluster masters (standalone, YARN, Kubernetes) schedule task-only resource profiles
+    when dynamic allocation is off (Spark >= 3.4/3.5), so the executors need GPUs
+    (``spark.executor.resource.gpu.amount``) but tasks in general do not: with
+    ``spark.task.resource.gpu.amount`` unset or below 1, the training stage alone asks for
+    one whole GPU per rank (two ranks never share one) and ``cores / GPUs`` of its
+    executor's CPUs (``spark.task.cpus`` where set explicitly above 1). With it at 1 or
+    more every task has a GPU already, and the stage keeps the default profile."""
+    if not use_gpu:
+        return None
+    if is_local_master(master):
+        check_gpu_conf(conf, use_gpu)
+        return GpuStage(None, "GPU: local master; ranks take the visible GPUs by local rank")
+    executor_gpus = _amount(conf, "spark.executor.resource.gpu.amount")
+    if executor_gpus < 1:
+        raise ClusterError(
+            f"use_gpu=True but the executors of {master} have no GPUs "
+            "(spark.executor.resource.gpu.amount="
+            f"{conf.get('spark.executor.resource.gpu.amount') or 'unset'}); set "
+            "spark.executor.resource.gpu.amount to the GPUs of each executor and "
+            "spark.executor.resource.gpu.discoveryScript (on a standalone cluster also "
+            "spark.worker.resource.gpu.amount and spark.worker.resource.gpu.discoveryScript), "
+            "or run with use_gpu=False")
+    task_gpus = _amount(conf, "spark.task.resource.gpu.amount")
+    if task_gpus >= 1:
+        return GpuStage(None, (
+            f"GPU: every task gets {task_gpus:g} GPU(s) (spark.task.resource.gpu.amount), "
+            "so the training stage uses the default resource profile; preparation and "
+            "transform tasks hold GPUs too: set spark.task.resource.gpu.amount below 1 (or "
+            "unset it) to run them as CPU tasks"))
+    task_cpus = int(_amount(conf, "spark.task.cpus"))
+    if task_cpus > 1:
+        cpus, why = task_cpus, "spark.task.cpus"
+    else:
+        cpus = max(1, (executor_cores or 1) // int(executor_gpus))
+        why = f"{executor_cores or '?'} executor cores / {int(executor_gpus)} GPUs"
+    return GpuStage(cpus, (
+        f"GPU: the training stage asks for 1 GPU and {cpus} CPU(s) per rank ({why}) through "
+        "a stage-level resource profile; preparation, sizing and transform jobs run as CPU "
+        f"tasks (spark.task.resource.gpu.amount={conf.get('spark.task.resource.gpu.amount') or 'unset'})"))
+
+
+def executor_cores(sc: Any) -> int | None:
+    """Cores of one executor: ``spark.executor.cores`` where set, else the cluster's
+    default parallelism over its registered executors (standalone executors take every
+    core of their worker)."""
+    conf = sc.getConf()
+    if conf.get("spark.executor.cores"):
+        return int(conf.get("spark.executor.cores"))
+    found = re.fullmatch(r"local-cluster\[\s*\d+\s*,\s*(\d+)\s*,.*\]", sc.master)
+    if found:
+        return int(found.group(1))
+    executors = int(sc._jsc.sc().getExecutorMemoryStatus().size()) - 1  # minus the driver
+    return sc.defaultParallelism // executors if executors > 0 else None
+
+
+_PROFILES: dict[tuple[int, int], Any] = {}
+
+
+def training_profile(sc: Any, stage: GpuStage | None) -> Any:
+    """The pyspark ResourceProfile of the training stage (None: the default profile),
+    registered with the SparkContext so its task slots can be counted."""
+    if stage is None or stage.cpus is None:
+        return None
+    key = (id(sc), stage.cpus)
+    if key not in _PROFILES:
+        from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
+        requests = TaskResourceRequests().cpus(stage.cpus).resource("gpu", 1.0)
+        profile = ResourceProfileBuilder().require(requests).build
+        sc._jsc.sc().resourceProfileManager().addResourceProfile(
+            profile._java_resource_profile)
+        _PROFILES[key] = profile
+    return _PROFILES[key]
+
+
+def task_slots(sc: Any, profile: Any = None) -> int:
+    """How many tasks the cluster can run at once under ``profile`` (a registered pyspark
+    ResourceProfile; None: the default one). Cores and, when asked for, GPUs both count."""
     jsc = sc._jsc.sc()
-    return int(jsc.maxNumConcurrentTasks(jsc.resourceProfileManager().defaultResourceProfile()))
+    java = (profile._java_resource_profile if profile is not None
+            else jsc.resourceProfileManager().defaultResourceProfile())
+    return int(jsc.maxNumConcurrentTasks(java))
 
 
-def available_workers(sc: Any, wanted: int | None = None) -> int:
+def available_workers(sc: Any, wanted: int | None = None, profile: Any = None) -> int:
     """Every task slot (or ``wanted``, if fewer); a ClusterError when there is none yet."""
-    slots = task_slots(sc)
+    slots = task_slots(sc, profile)
     if slots < 1:
         raise ClusterError(f"the cluster ({sc.master}) has no task slots yet (no executor "
                            "has registered); wait for executors or pass num_workers")
     return slots if wanted is None else min(wanted, slots)
 
 
-def check_slots(sc: Any, num_workers: int, wait_s: float = EXECUTOR_WAIT_S) -> int:
-    """Fail fast when the barrier stage could never be scheduled; returns the slot count."""
-    slots = task_slots(sc)
+def expected_executors(conf: Mapping[str, str], master: str) -> int | None:
+    """How many executors the application will have, where that is known up front."""
+    found = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,.*\]", master)
+    if found:
+        return int(found.group(1))
+    try:
+        return int(conf.get("spark.executor.instances", "")) or None
+    except ValueError:
+        return None
+
+
+def registered_executors(sc: Any) -> int:
+    return int(sc._jsc.sc().getExecutorMemoryStatus().size()) - 1  # less the driver
+
+
+def check_slots(sc: Any, num_workers: int, wait_s: float = EXECUTOR_WAIT_S,
+                profile: Any = None) -> int:
+    """Fail fast when the barrier stage could never be scheduled; returns the slot count.
+
+    Executors may still be registering: wait up to ``wait_s`` for more slots, but not once
+    every executor the application will have (``local-cluster[N,..]``,
+    ``spark.executor.instances``) has registered."""
+    slots = task_slots(sc, profile)
     deadline = time.monotonic() + (0.0 if is_local_master(sc.master) else wait_s)
+    expected = expected_executors(dict(sc.getConf().getAll()), sc.master)
     while slots < num_workers and time.monotonic() < deadline:
-        time.sleep(0.5)  # executors may still be registering
-        slots = task_slots(sc)
+        if expected is not None and registered_executors(sc) >= expected:
+            break
+        time.sleep(0.5)
+        slots = task_slots(sc, profile)
     if slots < num_workers:
+        if profile is not None:
+            raise ClusterError(
+                f"num_workers={num_workers} but the cluster can run {slots} GPU rank(s) at "
+                f"once ({sc.master}): each rank needs a GPU of its own, so GPUs, not cores, "
+                "are the limit; lower num_workers to the number of GPUs, or add GPU executors")
         raise ClusterError(
             f"num_workers={num_workers} but the cluster has {slots} task slots in all "
             f"({sc.master}); lower num_workers or add executors/cores")
     return slots
 
 
+def cluster_gpu_stage(sc: Any, use_gpu: bool) -> GpuStage | None:
+    return gpu_stage(dict(sc.getConf().getAll()), sc.master, use_gpu,
+                     None if is_local_master(sc.master) or not use_gpu else executor_cores(sc))
+
+
+def stage_profile(sc: Any, use_gpu: bool) -> Any:
+    """The resource profile the training stage is launched with (None: the default)."""
+    return training_profile(sc, cluster_gpu_stage(sc, use_gpu))
+
+
 def check_cluster(sc: Any, num_workers: int, use_gpu: bool) -> None:
-    conf = dict(sc.getConf().getAll())
-    check_dynamic_allocation(conf, sc.master)
-    check_gpu_conf(conf, use_gpu)
-    check_slots(sc, num_workers)
+    """Every check that needs the cluster; says in one line how the ranks get GPUs."""
+    check_dynamic_allocation(dict(sc.getConf().getAll()), sc.master)
+    stage = cluster_gpu_stage(sc, use_gpu)
+    if stage is not None:
+        log.info("%s", stage.line)
+    check_slots(sc, num_workers, profile=training_profile(sc, stage))

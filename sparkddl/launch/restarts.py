@@ -41,6 +41,7 @@ class RestartPolicy:
     timeout_s: float | None
     started: float
     num_workers: int
+    use_gpu: bool = False
 
     def remaining(self) -> float | None:
         """What is left of the fit's time limit (None: no limit; 0: nothing left)."""
@@ -73,7 +74,8 @@ class RestartPolicy:
         wait_s = RELAUNCH_SLOT_WAIT_S if remaining is None else min(remaining,
                                                                      RELAUNCH_SLOT_WAIT_S)
         try:
-            preflight.check_slots(sc, self.num_workers, wait_s=wait_s)
+            preflight.check_slots(sc, self.num_workers, wait_s=wait_s,
+                                  profile=preflight.stage_profile(sc, self.use_gpu))
         except ClusterError as exc:
             log.warning("relaunching although %s", exc)
 

@@ -44,7 +44,8 @@ def run(fn: Callable[..., Any], *args: Any, num_workers: int | None = None, use_
     """
     sc = spark_session(spark).sparkContext
     if num_workers is None:
-        num_workers = preflight.available_workers(sc)
+        num_workers = preflight.available_workers(
+            sc, profile=preflight.stage_profile(sc, use_gpu))
     preflight.check_num_workers(num_workers)
     positive_seconds("timeout", timeout)
     optional_positive_int("torch_threads", torch_threads)

@@ -34,9 +34,10 @@ class _Job(threading.Thread):
     """Runs the barrier stage's collect() under its own job group so it can be cancelled."""
 
     def __init__(self, sc: Any, spec: TaskSpec, group: str, description: str,
-                 wake: threading.Event):
+                 wake: threading.Event, profile: Any = None):
         super().__init__(name=f"sparkddl-job-{spec.run_id}", daemon=True)
         self.sc, self.spec, self.group, self.description = sc, spec, group, description
+        self.profile = profile  # the stage's resource profile (GPU ranks), or None
         self.wake = wake
         self.result: list[bytes] | None = None
         self.error: BaseException | None = None
@@ -46,8 +47,10 @@ class _Job(threading.Thread):
         try:
             self.sc.setJobGroup(self.group, self.description, interruptOnCancel=True)
             n = self.spec.num_workers
-            rdd = self.sc.parallelize(range(n), n).barrier()
-            self.result = rdd.mapPartitions(functools.partial(barrier_entry, self.spec)).collect()
+            rdd = self.sc.parallelize(range(n), n)
+            if self.profile is not None:  # this stage alone asks for GPUs
+                rdd = rdd.withResources(self.profile)
+            self.result = rdd.barrier().mapPartitions(functools.partial(barrier_entry, self.spec)).collect()
         except BaseException as exc:  # reported by the waiting driver thread
             self.error = exc
         finally:
@@ -57,7 +60,7 @@ class _Job(threading.Thread):
 
 def run_stage(sc: Any, make_spec: SpecFactory, timeout_s: float | None = None,
               handlers: Handlers | None = None, description: str = "sparkddl",
-              watchdog_s: float | None = None) -> list[bytes]:
+              watchdog_s: float | None = None, profile: Any = None) -> list[bytes]:
     """Run one barrier stage and return what its tasks yielded.
 
     Raises TrainingFailedError as soon as a rank reports a failure (after a short grace for
@@ -73,15 +76,16 @@ def run_stage(sc: Any, make_spec: SpecFactory, timeout_s: float | None = None,
         monitor.broadcast = channel.send_to_ranks
         OPEN_CHANNELS.add(channel)
         try:
-            return _run(sc, make_spec(channel), monitor, timeout_s, watchdog_s, description)
+            return _run(sc, make_spec(channel), monitor, timeout_s, watchdog_s, description,
+                        profile)
         finally:
             OPEN_CHANNELS.discard(channel)
 
 
 def _run(sc: Any, spec: TaskSpec, monitor: StageMonitor, timeout_s: float | None,
-         watchdog_s: float | None, description: str) -> list[bytes]:
+         watchdog_s: float | None, description: str, profile: Any = None) -> list[bytes]:
     job = _Job(sc, spec, f"sparkddl-{spec.run_id}-{uuid.uuid4().hex[:6]}", description,
-               monitor.wake)
+               monitor.wake, profile)
     started = time.monotonic()
     job.start()
     reason = _wait(job, monitor, timeout_s, started, watchdog_s, spec.num_workers)

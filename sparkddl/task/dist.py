@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import socket
 from datetime import timedelta
 
 from sparkddl.errors import ClusterError, ConfigError
@@ -73,6 +74,13 @@ def local_device_index() -> int:
         return device_index(context.current().gpus[0], torch.cuda.is_initialized(),
                             _visible_at_cuda_init)
     count = max(torch.cuda.device_count(), 1)
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    if local_world > count:
+        raise ClusterError(
+            f"{local_world} ranks run on {socket.gethostname()} but it has {count} visible "
+            "GPU(s): NCCL cannot put two ranks on one GPU; lower num_workers to the GPUs per "
+            "host, or let Spark assign each rank a GPU of its own (a cluster master with "
+            "spark.executor.resource.gpu.amount set)")
     return int(os.environ.get("LOCAL_RANK", "0")) % count
 
 

@@ -1,6 +1,6 @@
 """Checks that need a Spark session configured differently from the shared fixtures.
 
-Run as ``python -m tests.integration.separate_sessions gpu|dynamic``; prints one JSON line.
+Run as ``python -m tests.integration.separate_sessions gpu|gpu_profile|dynamic``; prints one JSON line.
 The tests in test_separate_sessions.py start it in a subprocess with a timeout.
 """
 from __future__ import annotations
@@ -56,6 +56,66 @@ def gpu_main() -> dict:
     return out
 
 
+def profile_env() -> dict:
+    import torch
+    from pyspark import TaskContext
+    ctx = TaskContext.get()
+    return {"cvd": os.environ.get("CUDA_VISIBLE_DEVICES"), "task_cpus": ctx.cpus(),
+            "assigned": list(ctx.resources()["gpu"].addresses),
+            "torch_threads": torch.get_num_threads()}
+
+
+def gather_profile_env() -> list:
+    import torch.distributed as dist
+    sparkddl.init_process_group("gloo")
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, profile_env())
+    return everyone
+
+
+def etl_task(_):
+    from pyspark import TaskContext
+    return sorted(TaskContext.get().resources())
+
+
+def gpu_profile_main() -> dict:
+    """Executors with GPUs, tasks without (spark.task.resource.gpu.amount unset): the
+    training stage alone asks for them, through a stage-level resource profile."""
+    import logging
+    import time
+
+    from pyspark.sql import SparkSession
+    spark = (SparkSession.builder.master("local-cluster[1,4,2048]")
+             .config("spark.ui.enabled", "false")
+             .config("spark.worker.resource.gpu.amount", "2")
+             .config("spark.worker.resource.gpu.discoveryScript", str(SCRIPT))
+             .config("spark.executor.resource.gpu.amount", "2")
+             .config("spark.executor.resource.gpu.discoveryScript", str(SCRIPT))
+             .getOrCreate())
+    lines: list = []
+    handler = logging.Handler()
+    handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("sparkddl").addHandler(handler)
+    logging.getLogger("sparkddl").setLevel(logging.INFO)
+    sc = spark.sparkContext
+    from sparkddl.launch import preflight
+    out: dict = {"cpu_slots": preflight.task_slots(sc),
+                 "etl_resources": sc.parallelize(range(4), 4).map(etl_task).collect(),
+                 "ranks": sparkddl.run(gather_profile_env, num_workers=2, use_gpu=True,
+                                       spark=spark, timeout=120)}
+    out["gpu_slots"] = preflight.task_slots(sc, preflight.stage_profile(sc, True))
+    started = time.monotonic()
+    try:
+        sparkddl.run(profile_env, num_workers=3, use_gpu=True, spark=spark, timeout=120)
+        out["too_many"] = None
+    except sparkddl.ClusterError as exc:
+        out["too_many"] = str(exc)
+    out["too_many_s"] = time.monotonic() - started
+    out["gpu_lines"] = [line for line in lines if line.startswith("GPU:")]
+    spark.stop()
+    return out
+
+
 def dynamic_main() -> dict:
     from pyspark.sql import SparkSession
     spark = (SparkSession.builder.master("local-cluster[1,1,1024]")
@@ -73,5 +133,6 @@ def dynamic_main() -> dict:
 
 
 if __name__ == "__main__":
-    result = {"gpu": gpu_main, "dynamic": dynamic_main}[sys.argv[1]]()
+    result = {"gpu": gpu_main, "gpu_profile": gpu_profile_main,
+              "dynamic": dynamic_main}[sys.argv[1]]()
     print("RESULT " + json.dumps(result), flush=True)

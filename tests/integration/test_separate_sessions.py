@@ -41,6 +41,28 @@ def test_gpu_scheduling_path_with_fake_gpus():
 
 
 @pytest.mark.timeout(300)
+def test_only_the_training_stage_asks_for_gpus():
+    """Stage-level scheduling with fake GPUs: 1 executor, 4 cores, 2 GPUs, no task GPU
+    amount. Other jobs run as CPU tasks (4 at once, no GPU held); each rank gets a GPU of
+    its own and the executor's cores / GPUs as its CPUs and torch threads; a third rank is
+    refused at once, naming GPUs as the limit."""
+    out = run_probe("gpu_profile")
+    assert out["cpu_slots"] == 4 and out["gpu_slots"] == 2
+    assert out["etl_resources"] == [[], [], [], []]
+    ranks = out["ranks"]
+    assert sorted(r["assigned"][0] for r in ranks) == ["0", "1"]
+    for r in ranks:
+        assert r["assigned"] == [r["cvd"]]
+        assert r["task_cpus"] == 2 and r["torch_threads"] == 2
+    assert out["too_many"] and "GPUs, not cores, are the limit" in out["too_many"]
+    assert "can run 2 GPU rank(s)" in out["too_many"]
+    # every executor is there: no waiting for more (the wait is 30 s)
+    assert out["too_many_s"] < 20
+    assert any("1 GPU and 2 CPU(s) per rank" in line and "CPU tasks" in line
+               for line in out["gpu_lines"]), out["gpu_lines"]
+
+
+@pytest.mark.timeout(300)
 def test_dynamic_allocation_is_refused_before_launch():
     out = run_probe("dynamic")
     assert out["error"] and "spark.dynamicAllocation.enabled=false" in out["error"]

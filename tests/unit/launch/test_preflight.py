@@ -39,6 +39,61 @@ def test_gpu_with_resources_passes():
     preflight.check_gpu_conf({"spark.task.resource.gpu.amount": "0.5"}, use_gpu=True)
 
 
+CLUSTER = "spark://h:7077"
+GPU_EXECUTORS = {"spark.executor.resource.gpu.amount": "2"}
+
+
+@pytest.mark.parametrize("master", [CLUSTER, "yarn", "k8s://x", "local-cluster[2,4,1024]"])
+def test_gpu_ranks_ask_for_a_whole_gpu_through_a_stage_profile(master):
+    """The usual GPU cluster: executors have GPUs, tasks in general do not (or a fraction),
+    so only the training stage asks for one, with the executor's cores shared out."""
+    for task_amount in (None, "0.25"):
+        conf = dict(GPU_EXECUTORS)
+        if task_amount:
+            conf["spark.task.resource.gpu.amount"] = task_amount
+        stage = preflight.gpu_stage(conf, master, use_gpu=True, executor_cores=16)
+        assert stage.cpus == 8  # 16 cores / 2 GPUs
+        assert "stage-level resource profile" in stage.line and "CPU tasks" in stage.line
+        assert f"spark.task.resource.gpu.amount={task_amount or 'unset'}" in stage.line
+
+
+def test_explicit_task_cpus_are_kept_for_the_gpu_ranks():
+    conf = {**GPU_EXECUTORS, "spark.task.cpus": "3"}
+    assert preflight.gpu_stage(conf, CLUSTER, True, executor_cores=16).cpus == 3
+    assert preflight.gpu_stage(GPU_EXECUTORS, CLUSTER, True, executor_cores=None).cpus == 1
+
+
+def test_a_cluster_that_gives_every_task_a_gpu_keeps_the_default_profile():
+    conf = {**GPU_EXECUTORS, "spark.task.resource.gpu.amount": "1"}
+    stage = preflight.gpu_stage(conf, CLUSTER, True, executor_cores=16)
+    assert stage.cpus is None and "below 1" in stage.line
+
+
+def test_gpu_ranks_on_executors_without_gpus_are_refused_naming_the_settings():
+    with pytest.raises(ClusterError, match=r"executors of spark://h:7077 have no GPUs.*"
+                       r"spark.executor.resource.gpu.amount.*discoveryScript"):
+        preflight.gpu_stage({"spark.task.resource.gpu.amount": "1"}, CLUSTER, True, 16)
+
+
+def test_no_gpu_stage_without_use_gpu():
+    assert preflight.gpu_stage({}, CLUSTER, False, 16) is None
+
+
+def test_local_masters_still_need_task_gpu_resources():
+    with pytest.raises(ClusterError, match="spark.task.resource.gpu.amount"):
+        preflight.gpu_stage({}, "local[2]", True, None)
+    stage = preflight.gpu_stage({"spark.task.resource.gpu.amount": "1"}, "local[2]", True, None)
+    assert stage.cpus is None
+
+
+@pytest.mark.parametrize("conf, master, expected", [
+    ({}, "local-cluster[3, 1, 1024]", 3), ({"spark.executor.instances": "4"}, CLUSTER, 4),
+    ({}, CLUSTER, None), ({"spark.executor.instances": "x"}, "yarn", None)])
+def test_expected_executors(conf, master, expected):
+    """Known up front, the wait for executors ends when they are all there."""
+    assert preflight.expected_executors(conf, master) == expected
+
+
 def test_gpu_addresses_map_through_visible_devices():
     assert map_gpu_addresses(["1"], None) == ["1"]
     assert map_gpu_addresses(["0", "1"], "") == ["0", "1"]
