@@ -12,7 +12,7 @@ import contextlib
 import io
 import logging
 import time
-from typing import Any, Iterator
+from typing import Any
 
 from sparkddl import strategies
 from sparkddl.channel import protocol
@@ -23,6 +23,7 @@ from sparkddl.task import context
 from sparkddl.task.dist import device, init_process_group
 from sparkddl.train import resume
 from sparkddl.train.components import build_module
+from sparkddl.train.feed import DeviceFeed
 from sparkddl.train.spec import TrainSpec
 
 log = logging.getLogger(__name__)
@@ -124,9 +125,11 @@ def _epoch(run: _Run, epoch: int) -> tuple[dict[str, Any], bool]:
     start = time.perf_counter()
     run.mark("reading data", epoch, 0)
     # closed on every path: a failing step must not leave reader threads behind
-    waited = [0.0]  # time this rank waited for its reader: the data plane's share
-    with contextlib.closing(epoch_batches(spec.plan, ctx.rank, epoch - 1)) as batches:
-        for step, batch in enumerate(_timed(batches, waited), 1):
+    # on a GPU the next batches are copied to it while this one computes (pinned ring, side
+    # stream); on the CPU the reader's batches pass through
+    with contextlib.closing(DeviceFeed(epoch_batches(spec.plan, ctx.rank, epoch - 1),
+                                       run.dev)) as batches:
+        for step, batch in enumerate(batches, 1):
             if step <= skip:
                 run.mark("skipping steps done before the restart", epoch, step)
                 continue  # the order is the same as before the restart, so skip them
@@ -148,19 +151,8 @@ def _epoch(run: _Run, epoch: int) -> tuple[dict[str, Any], bool]:
     row = {"epoch": epoch, "train_loss": sums[0].item() / count,
            **{f"train_{k}": sums[3 + i].item() / count for i, k in enumerate(spec.metrics)},
            "samples_per_sec": count * (1 - skip / spec.plan.steps_per_epoch) / elapsed,
-           "epoch_time_s": elapsed, "data_wait_s": waited[0], **comm, "attempt": ctx.attempt}
+           "epoch_time_s": elapsed, "data_wait_s": batches.wait_s, **comm, "attempt": ctx.attempt}
     return row, sums[2].item() > 0
-
-
-def _timed(batches: Iterator[Any], waited: list[float]) -> Iterator[Any]:
-    """``batches``, adding the time spent waiting for each to ``waited[0]``."""
-    while True:
-        start = time.perf_counter()
-        batch = next(batches, None)
-        waited[0] += time.perf_counter() - start
-        if batch is None:
-            return
-        yield batch
 
 
 def _step(run: _Run, batch: dict[str, Any], sums: Any) -> None:

@@ -1,6 +1,6 @@
 """Checks that need a Spark session configured differently from the shared fixtures.
 
-Run as ``python -m tests.integration.separate_sessions gpu|gpu_profile|dynamic``; prints one JSON line.
+Run as ``python -m tests.integration.separate_sessions gpu|gpu_profile|real_gpu|dynamic``; prints one JSON line.
 The tests in test_separate_sessions.py start it in a subprocess with a timeout.
 """
 from __future__ import annotations
@@ -116,6 +116,59 @@ def gpu_profile_main() -> dict:
     return out
 
 
+def nccl_allreduce() -> dict:
+    import torch
+    import torch.distributed as dist
+    backend = sparkddl.init_process_group()
+    t = torch.full((1,), float(dist.get_rank() + 1), device=sparkddl.device())
+    dist.all_reduce(t)
+    return {"backend": backend, "device": str(t.device), "sum": t.item(),
+            "cvd": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
+def real_gpu_main() -> dict:
+    """A real GPU (the machine has CUDA): the NCCL group, device placement and a
+    TorchEstimator(useGpu=True) fit on local-cluster, GPUs found by a discovery script."""
+    import tempfile
+
+    import torch
+    from pyspark.sql import SparkSession
+
+    from sparkddl import TorchEstimator
+    from tests.integration.digits import accuracy, digits_df, mlp
+
+    gpus = torch.cuda.device_count()
+    tmp = Path(tempfile.mkdtemp(prefix="sparkddl-gpu-"))
+    script = tmp / "discover.sh"
+    script.write_text(
+        "#!/bin/sh\n"
+        f"exec {sys.executable} -c 'import json, torch; print(json.dumps({{\"name\": \"gpu\", "
+        "\"addresses\": [str(i) for i in range(torch.cuda.device_count())]}))'\n")
+    script.chmod(0o755)
+    cores = max(2, min(os.cpu_count() or 2, 8))
+    spark = (SparkSession.builder.master(f"local-cluster[1,{cores},4096]")
+             .config("spark.ui.enabled", "false")
+             .config("spark.worker.resource.gpu.amount", str(gpus))
+             .config("spark.worker.resource.gpu.discoveryScript", str(script))
+             .config("spark.executor.resource.gpu.amount", str(gpus))
+             .config("spark.executor.resource.gpu.discoveryScript", str(script))
+             .getOrCreate())
+    out: dict = {"gpus": gpus, "nccl": sparkddl.run(nccl_allreduce, num_workers=gpus,
+                                                   use_gpu=True, spark=spark, timeout=300)}
+    df = digits_df(spark)
+    train, test = df.filter("split != 0"), df.filter("split = 0")
+    est = TorchEstimator(model=mlp(), optimizer=lambda p: torch.optim.Adam(p, lr=3e-3),
+                         loss=torch.nn.CrossEntropyLoss(), featuresCol="features",
+                         labelCol="label", batchSize=32, epochs=15, numWorkers=1,
+                         validation=0.2, store=str(tmp / "store"), progress=False,
+                         useGpu=True)
+    model = est.fit(train)
+    out["history"] = len(model.history)
+    out["accuracy"] = accuracy(model.transform(test))
+    spark.stop()
+    return out
+
+
 def dynamic_main() -> dict:
     from pyspark.sql import SparkSession
     spark = (SparkSession.builder.master("local-cluster[1,1,1024]")
@@ -133,6 +186,6 @@ def dynamic_main() -> dict:
 
 
 if __name__ == "__main__":
-    result = {"gpu": gpu_main, "gpu_profile": gpu_profile_main,
+    result = {"gpu": gpu_main, "gpu_profile": gpu_profile_main, "real_gpu": real_gpu_main,
               "dynamic": dynamic_main}[sys.argv[1]]()
     print("RESULT " + json.dumps(result), flush=True)

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.stacks import needs_gpu
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -60,6 +62,19 @@ def test_only_the_training_stage_asks_for_gpus():
     assert out["too_many_s"] < 20
     assert any("1 GPU and 2 CPU(s) per rank" in line and "CPU tasks" in line
                for line in out["gpu_lines"]), out["gpu_lines"]
+
+
+@needs_gpu
+@pytest.mark.timeout(600)
+def test_on_a_real_gpu_nccl_placement_and_a_fit():
+    """Where CUDA is: one rank per GPU joins an NCCL group with its tensors on its own
+    device, and TorchEstimator(useGpu=True) trains digits on a GPU executor."""
+    out = run_probe("real_gpu")
+    gpus = out["gpus"]
+    assert out["nccl"]["backend"] == "cpu:gloo,cuda:nccl"
+    assert out["nccl"]["device"].startswith("cuda")
+    assert out["nccl"]["sum"] == gpus * (gpus + 1) / 2
+    assert out["history"] == 15 and out["accuracy"] >= 0.9
 
 
 @pytest.mark.timeout(300)
