@@ -161,6 +161,7 @@ def rank_environment(spec: TaskSpec, spark_ctx: Any, channel: RankChannel,
             context.set_current(None)
             try:
                 if dist.is_available() and dist.is_initialized():
+                    _settle_gloo_workers()
                     dist.destroy_process_group()
                 if ok:  # rank 0's store must outlive every rank's last use of it
                     status["phase"] = "finished"
@@ -171,6 +172,19 @@ def rank_environment(spec: TaskSpec, spark_ctx: Any, channel: RankChannel,
                 torch.set_num_threads(saved[0])
                 torch.set_rng_state(saved[1])
                 del store
+
+
+# torch < 2.13: ~ProcessGroupGloo joins its worker threads while the destroying thread holds
+# the GIL, and a worker still releasing the last collective's tensors needs the GIL to drop
+# their Python objects: a deadlock (seen 1 run in 3 with torch 2.4 and 2.6, in
+# destroy_process_group). Letting the workers finish first, with the GIL released, avoids it.
+_GLOO_SETTLE_S = 0.05
+
+
+def _settle_gloo_workers() -> None:
+    import torch
+    if tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13):
+        time.sleep(_GLOO_SETTLE_S)
 
 
 def _rendezvous(spec: TaskSpec, rank: int, master_host: str, channel: RankChannel,

@@ -1,6 +1,9 @@
 """Which GPU(s) a barrier task may use: Spark's assignment, seen through CUDA_VISIBLE_DEVICES."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 from sparkddl.errors import ClusterError
 
 
@@ -23,3 +26,16 @@ def map_gpu_addresses(addresses: list[str], visible: str | None) -> list[str]:
                 "into CUDA_VISIBLE_DEVICES, or unset it on the executors.")
         mapped.append(allowed[int(addr)])
     return mapped
+
+
+def write_discovery_script(path: "str | Path", python: str = sys.executable) -> Path:
+    """Write a Spark GPU discovery script at ``path`` that reports the GPUs torch sees on
+    the machine it runs on (``{"name": "gpu", "addresses": ["0", ...]}``), for
+    ``spark.{worker,executor}.resource.gpu.discoveryScript``; ``python`` must have torch."""
+    path = Path(path)
+    path.write_text(
+        "#!/bin/sh\n# Spark GPU discovery: the devices torch sees here\n"
+        f"exec {python} -c 'import json, torch; print(json.dumps({{\"name\": \"gpu\", "
+        "\"addresses\": [str(i) for i in range(torch.cuda.device_count())]}))'\n")
+    path.chmod(0o755)
+    return path

@@ -135,16 +135,12 @@ def real_gpu_main() -> dict:
     from pyspark.sql import SparkSession
 
     from sparkddl import TorchEstimator
+    from sparkddl.task.gpu import write_discovery_script
     from tests.integration.digits import accuracy, digits_df, mlp
 
     gpus = torch.cuda.device_count()
     tmp = Path(tempfile.mkdtemp(prefix="sparkddl-gpu-"))
-    script = tmp / "discover.sh"
-    script.write_text(
-        "#!/bin/sh\n"
-        f"exec {sys.executable} -c 'import json, torch; print(json.dumps({{\"name\": \"gpu\", "
-        "\"addresses\": [str(i) for i in range(torch.cuda.device_count())]}))'\n")
-    script.chmod(0o755)
+    script = write_discovery_script(tmp / "discover.sh")
     cores = max(2, min(os.cpu_count() or 2, 8))
     spark = (SparkSession.builder.master(f"local-cluster[1,{cores},4096]")
              .config("spark.ui.enabled", "false")

@@ -215,7 +215,11 @@ def test_bad_num_workers(spark_local, bad):
 
 
 def test_use_gpu_without_gpu_resources(spark):
-    with pytest.raises(ClusterError, match="use_gpu=True but no GPU task resources"):
+    """Local masters need task GPU resources; on a cluster the executors need GPUs (the
+    training stage asks for them itself)."""
+    match = ("use_gpu=True but no GPU task resources" if spark.sparkContext.master.startswith(
+        "local[") else r"use_gpu=True but the executors of local-cluster\S* have no GPUs")
+    with pytest.raises(ClusterError, match=match):
         sparkddl.run(allreduce_sum, 1.0, num_workers=2, use_gpu=True, spark=spark)
 
 

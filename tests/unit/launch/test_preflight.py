@@ -153,3 +153,18 @@ def test_gpu_process_group_also_carries_cpu_tensors():
     from sparkddl.task.dist import BACKENDS, default_backend
     assert default_backend(False) == "gloo"
     assert default_backend(True) == "cpu:gloo,cuda:nccl" and default_backend(True) in BACKENDS
+
+
+def test_discovery_script_reports_the_gpus_torch_sees(tmp_path):
+    """What Spark runs on each worker/executor: JSON naming the resource and its addresses."""
+    import json
+    import subprocess
+
+    import torch
+
+    from sparkddl.task.gpu import write_discovery_script
+    script = write_discovery_script(tmp_path / "gpus.sh")
+    out = json.loads(subprocess.run([str(script)], capture_output=True, text=True, timeout=60,
+                                    check=True).stdout)
+    assert out == {"name": "gpu",
+                   "addresses": [str(i) for i in range(torch.cuda.device_count())]}
