@@ -168,3 +168,19 @@ def test_discovery_script_reports_the_gpus_torch_sees(tmp_path):
                                     check=True).stdout)
     assert out == {"name": "gpu",
                    "addresses": [str(i) for i in range(torch.cuda.device_count())]}
+
+
+def test_more_ranks_on_a_host_than_its_gpus_is_refused_before_nccl(monkeypatch):
+    """Without Spark-assigned GPUs (local masters) ranks take devices by local rank; two on
+    one GPU would fail late in NCCL ("Duplicate GPU detected")."""
+    import torch
+
+    from sparkddl.task.dist import local_device_index
+    gpus = max(torch.cuda.device_count(), 1)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(gpus + 1))
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    with pytest.raises(ClusterError, match=rf"{gpus + 1} ranks run on .* {gpus} visible GPU"):
+        local_device_index()
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", str(gpus))
+    monkeypatch.setenv("LOCAL_RANK", str(gpus - 1))
+    assert local_device_index() == gpus - 1
