@@ -115,7 +115,8 @@ def gpu_stage(conf: Mapping[str, str], master: str, use_gpu: bool,
     return GpuStage(cpus, (
         f"GPU: the training stage asks for 1 GPU and {cpus} CPU(s) per rank ({why}) through "
         "a stage-level resource profile; preparation, sizing and transform jobs run as CPU "
-        f"tasks (spark.task.resource.gpu.amount={conf.get('spark.task.resource.gpu.amount') or 'unset'})"))
+        "tasks (spark.task.resource.gpu.amount="
+        f"{conf.get('spark.task.resource.gpu.amount') or 'unset'})"))
 
 
 def executor_cores(sc: Any) -> int | None:

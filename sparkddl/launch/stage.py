@@ -50,7 +50,8 @@ class _Job(threading.Thread):
             rdd = self.sc.parallelize(range(n), n)
             if self.profile is not None:  # this stage alone asks for GPUs
                 rdd = rdd.withResources(self.profile)
-            self.result = rdd.barrier().mapPartitions(functools.partial(barrier_entry, self.spec)).collect()
+            entry = functools.partial(barrier_entry, self.spec)
+            self.result = rdd.barrier().mapPartitions(entry).collect()
         except BaseException as exc:  # reported by the waiting driver thread
             self.error = exc
         finally:

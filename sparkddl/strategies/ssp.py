@@ -26,7 +26,7 @@ import threading
 import time
 from typing import Any, Sequence
 
-from sparkddl.errors import SparkDDLError
+from sparkddl.errors import ConfigError, SparkDDLError
 from sparkddl.strategies.base import Strategy
 from sparkddl.strategies.comm import tensor_bytes
 from sparkddl.strategies.tensors import broadcast_module, model_state
@@ -80,6 +80,10 @@ class StaleSynchronous(Strategy):
 
     def check_options(self) -> None:
         self.check_int("staleness", 0)
+        problem = store_queue_problem()
+        if problem:
+            raise ConfigError(f"strategy='ssp' {problem}; use another strategy (local_sgd "
+                              "bounds divergence too) or a newer torch")
 
     def wrap(self, module: Any) -> Any:
         import torch.distributed as dist
@@ -88,9 +92,9 @@ class StaleSynchronous(Strategy):
         self.state = model_state(module)
         self.base = [t.detach().clone() for t in self.state]  # the model last pulled
         store = context.current().store
-        self.store = store.clone()  # one connection per thread: the server has its own
+        self.store = _connection(store)  # one connection per thread: the server has its own
         if dist.get_rank() == 0:
-            self.server = ParameterServer(store.clone(), [t.cpu().clone() for t in self.base],
+            self.server = ParameterServer(_connection(store), [t.cpu().clone() for t in self.base],
                                           dist.get_world_size(), self.options["staleness"])
             self.server.start()
         return module
@@ -241,3 +245,23 @@ def unpack(data: bytes, like: Sequence[Any]) -> list[Any]:
         out.append(raw[offset:offset + n].clone().view(t.dtype).view(t.shape))
         offset += n
     return out
+
+
+def store_queue_problem() -> str | None:
+    """Why this torch cannot run SSP (its push/pull messages are TCPStore queues), or None.
+    torch 2.13 has them; 2.4.1 and 2.6.0 (tested here) do not."""
+    import torch
+    from torch.distributed import TCPStore
+    if all(hasattr(TCPStore, a) for a in ("queue_push", "queue_pop")):
+        return None
+    return (f"needs TCPStore.queue_push/queue_pop, which torch {torch.__version__} does not "
+            "have (torch 2.13 does)")
+
+
+def _connection(store: Any) -> Any:
+    """A new client connection to ``store``'s server (``TCPStore.clone`` is torch >= 2.5;
+    before that, a client to the same host and port)."""
+    if hasattr(store, "clone"):
+        return store.clone()
+    from torch.distributed import TCPStore
+    return TCPStore(store.host, store.port, is_master=False, timeout=store.timeout)

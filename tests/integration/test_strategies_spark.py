@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from sparkddl import TorchEstimator
+from sparkddl import ConfigError, TorchEstimator
+from sparkddl.strategies.ssp import store_queue_problem
 from tests.integration.digits import accuracy, digits_df, mlp
 
 CASES = {
@@ -34,6 +35,12 @@ def digits_split(spark_local):
 def test_strategy_trains_digits(spark_local, digits_split, tmp_path, case):
     name, options = CASES[case]
     train, test = digits_split
+    if name == "ssp" and store_queue_problem():  # the oldest stack's torch
+        with pytest.raises(ConfigError, match="strategy='ssp' needs TCPStore.queue_push"):
+            TorchEstimator(model=mlp(), optimizer=lambda p: torch.optim.Adam(p, lr=3e-3),
+                           loss=torch.nn.CrossEntropyLoss(), numWorkers=2, store=str(tmp_path),
+                           strategy=name, strategyOptions=options, progress=False).fit(train)
+        return
     model = TorchEstimator(
         model=mlp(), optimizer=lambda p: torch.optim.Adam(p, lr=3e-3),
         loss=torch.nn.CrossEntropyLoss(), batchSize=32, epochs=15, numWorkers=2,

@@ -19,6 +19,7 @@ from sparkddl import strategies
 from sparkddl.errors import ConfigError
 from sparkddl.strategies.compression import pack_bits, unpack_bits
 from sparkddl.strategies.gossip import peer_offsets
+from sparkddl.strategies.ssp import store_queue_problem
 from tests.unit.dist_harness import run_ranks
 
 SPAWN_TIMEOUT_S = 120
@@ -376,6 +377,9 @@ def test_local_sgd_averages_every_period_after_warmup(averaging):
 # ---- stale-synchronous parameter server ----
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
+@pytest.mark.skipif(store_queue_problem() is not None,
+                    reason=f"ssp is refused on this torch: {store_queue_problem()} "
+                    "(tests/integration/test_strategies_spark.py checks the refusal)")
 @pytest.mark.parametrize("staleness", [0, 2])
 def test_ssp_workers_stay_within_staleness(ssp, staleness):
     for rank, result in enumerate(ssp):
