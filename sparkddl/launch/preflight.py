@@ -133,7 +133,7 @@ def executor_cores(sc: Any) -> int | None:
     return sc.defaultParallelism // executors if executors > 0 else None
 
 
-_PROFILES: dict[tuple[int, int], Any] = {}
+_PROFILES: dict[tuple[str, int], Any] = {}  # by application: a new SparkContext, new ones
 
 
 def training_profile(sc: Any, stage: GpuStage | None) -> Any:
@@ -141,7 +141,7 @@ def training_profile(sc: Any, stage: GpuStage | None) -> Any:
     registered with the SparkContext so its task slots can be counted."""
     if stage is None or stage.cpus is None:
         return None
-    key = (id(sc), stage.cpus)
+    key = (sc.applicationId, stage.cpus)
     if key not in _PROFILES:
         from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
         requests = TaskResourceRequests().cpus(stage.cpus).resource("gpu", 1.0)
