@@ -126,11 +126,17 @@ def executor_cores(sc: Any) -> int | None:
     conf = sc.getConf()
     if conf.get("spark.executor.cores"):
         return int(conf.get("spark.executor.cores"))
-    found = re.fullmatch(r"local-cluster\[\s*\d+\s*,\s*(\d+)\s*,.*\]", sc.master)
-    if found:
-        return int(found.group(1))
-    executors = int(sc._jsc.sc().getExecutorMemoryStatus().size()) - 1  # minus the driver
+    shape = local_cluster(sc.master)
+    if shape:
+        return shape[1]
+    executors = registered_executors(sc)
     return sc.defaultParallelism // executors if executors > 0 else None
+
+
+def local_cluster(master: str) -> tuple[int, int] | None:
+    """(executors, cores each) of a ``local-cluster[N, C, MiB]`` master, else None."""
+    found = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,.*\]", master)
+    return (int(found.group(1)), int(found.group(2))) if found else None
 
 
 _PROFILES: dict[tuple[str, int], Any] = {}  # by application: a new SparkContext, new ones
@@ -172,9 +178,9 @@ def available_workers(sc: Any, wanted: int | None = None, profile: Any = None) -
 
 def expected_executors(conf: Mapping[str, str], master: str) -> int | None:
     """How many executors the application will have, where that is known up front."""
-    found = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,.*\]", master)
-    if found:
-        return int(found.group(1))
+    shape = local_cluster(master)
+    if shape:
+        return shape[0]
     try:
         return int(conf.get("spark.executor.instances", "")) or None
     except ValueError:
