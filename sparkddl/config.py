@@ -15,6 +15,9 @@ FINAL_WEIGHTS = ("best", "last")
 READERS = ("auto", "petastorm", "arrow")
 POOL_TYPES = ("thread", "dummy")  # how a rank reads ahead
 MODES = ("auto", "min", "max")  # whether a lower or a higher bestBy is better
+PRECISIONS = ("32", "bf16-mixed", "16-mixed")
+SCHEDULER_INTERVALS = ("epoch", "step")
+NON_FINITE = ("raise", "skip_batch")
 _NO_DEFAULT = object()
 
 
@@ -30,6 +33,18 @@ def _metrics(value: Any) -> Any:
     if isinstance(value, str) or callable(value):
         return (value,)
     return tuple(value)
+
+
+def _labels(value: Any) -> str | tuple[str, ...]:
+    """One label column (a string), or several (a tuple)."""
+    if isinstance(value, str):
+        return value
+    names = tuple(value)
+    return names[0] if len(names) == 1 else names
+
+
+def _precision(value: Any) -> str:
+    return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 
 def _shapes(value: Any) -> dict[str, tuple[int, ...]]:
@@ -71,8 +86,13 @@ class TrainConfig:
         "numeric array or a numeric column (several columns are passed to the model as "
         "several inputs)", param="featuresCol", convert="features", preset="data",
         preset_type=list[str], normalize=_columns, model_param=True)
-    label: str = option("label", "label column name", param="labelCol", convert="toString",
-                        preset="data")
+    label: str | tuple[str, ...] = option(
+        "label", "label column name, or a list of them (the model then returns one output "
+        "per label; the loss is summed over the pairs)", param="labelCol", convert="labels",
+        preset="data", preset_type=str | list[str], normalize=_labels)
+    sample_weight: str | None = option(
+        None, "column of per-row weights: the loss is sum(w * loss_i) / sum(w)",
+        param="sampleWeightCol", preset="data")
     epochs: int = option(10, "passes over the training data", param="epochs", convert="toInt")
     batch_size: int = option(32, "rows per step on each worker (global batch = batchSize x "
                              "numWorkers)", param="batchSize", convert="toInt")
@@ -123,6 +143,35 @@ class TrainConfig:
                            param="useGpu", convert="toBoolean")
     timeout_s: float | None = option(None, "wall-clock limit of the whole fit in seconds, all "
                                      "attempts together (None: no limit)", param="timeout")
+    lr_scheduler: Any = option(
+        None, "learning-rate schedule: a factory optimizer -> torch LR scheduler, or a name "
+        "(step, multistep, exponential, cosine, linear, onecycle, constant) with "
+        "lrSchedulerOptions", param="lrScheduler", preset_type=str | None)
+    lr_scheduler_options: dict[str, Any] = option(
+        {}, "keyword arguments of the named scheduler (e.g. {'step_size': 5, 'gamma': 0.5}); "
+        "cosine and onecycle default to the whole fit's length", param="lrSchedulerOptions",
+        normalize=_options)
+    lr_scheduler_interval: str = option("epoch", "step the schedule every epoch or every "
+                                        "optimizer step", param="lrSchedulerInterval",
+                                        convert="toString")
+    precision: str = option("32", "32, bf16-mixed (autocast to bfloat16, CPU and GPU) or "
+                            "16-mixed (float16 autocast with loss scaling, GPU only); weights "
+                            "and optimizer state stay float32", param="precision",
+                            convert="toString", normalize=_precision)
+    backward_passes_per_step: int = option(
+        1, "micro-batches whose gradients are accumulated per optimizer step (no "
+        "communication on the first k-1)", param="backwardPassesPerStep", convert="toInt")
+    gradient_clip_norm: float | None = option(
+        None, "clip the synchronized gradients to this total L2 norm", param="gradientClipNorm")
+    gradient_clip_value: float | None = option(
+        None, "clamp each synchronized gradient element to [-v, v]", param="gradientClipValue")
+    train_step: Any = option(
+        None, "fn(model, batch) -> scalar loss, replacing model(*features) and loss(output, "
+        "label); batch is the dict column -> tensor; also computes val_loss", param="trainStep",
+        preset=None)
+    on_non_finite_loss: str = option(
+        "raise", "a NaN/inf loss: raise (stop the fit naming epoch, step and rank) or "
+        "skip_batch (every rank skips that step)", param="onNonFiniteLoss", convert="toString")
     strategy: str = option("allreduce", "training strategy name", param="strategy",
                            convert="toString")
     strategy_options: dict[str, Any] = option({}, "options of the strategy (dict)",
@@ -181,14 +230,48 @@ class TrainConfig:
         _choice("best_mode", self.best_mode, MODES)
         if not self.features or not all(isinstance(f, str) and f for f in self.features):
             raise ConfigError(f"features must name one or more columns, got {self.features!r}")
-        if not isinstance(self.label, str) or not self.label:
-            raise ConfigError(f"label must name a column, got {self.label!r}")
+        if not self.labels or not all(isinstance(c, str) and c for c in self.labels):
+            raise ConfigError(f"label must name a column or several, got {self.label!r}")
+        if self.sample_weight is not None and (not isinstance(self.sample_weight, str) or
+                                               not self.sample_weight):
+            raise ConfigError(f"sample_weight must name a column or be unset, got "
+                              f"{self.sample_weight!r}")
+        _choice("precision", self.precision, PRECISIONS)
+        _choice("lr_scheduler_interval", self.lr_scheduler_interval, SCHEDULER_INTERVALS)
+        _choice("on_non_finite_loss", self.on_non_finite_loss, NON_FINITE)
+        if isinstance(self.backward_passes_per_step, bool) or not isinstance(
+                self.backward_passes_per_step, int) or self.backward_passes_per_step < 1:
+            raise ConfigError(f"backward_passes_per_step must be an integer >= 1 (1: no "
+                              f"accumulation), got {self.backward_passes_per_step!r}")
+        for name in ("gradient_clip_norm", "gradient_clip_value"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(
+                    value, (int, float)) or not value > 0):
+                raise ConfigError(f"{name} must be a positive number or unset, got {value!r}")
+        if self.train_step is not None and not callable(self.train_step):
+            raise ConfigError(f"train_step must be a function (model, batch) -> loss, got "
+                              f"{type(self.train_step).__name__}")
+        if self.lr_scheduler is not None and not (isinstance(self.lr_scheduler, str) or
+                                                  callable(self.lr_scheduler)):
+            raise ConfigError(f"lr_scheduler must be a name or a factory optimizer -> "
+                              f"scheduler, got {type(self.lr_scheduler).__name__}")
+        if self.strategy == "fsdp" and self.on_non_finite_loss == "skip_batch":
+            raise ConfigError("on_non_finite_loss='skip_batch' is not supported with strategy "
+                              "'fsdp' (a skipped batch's zero backward cannot reach sharded "
+                              "parameters); use 'raise', or another strategy")
+        if self.lr_scheduler is None and self.lr_scheduler_options:
+            raise ConfigError("lr_scheduler_options are set but no lr_scheduler is; name one, "
+                              "e.g. lr_scheduler='cosine'")
         if self.learning_rate is not None and not (
                 isinstance(self.learning_rate, (int, float)) and self.learning_rate >= 0):
             raise ConfigError(f"learning_rate must be a non-negative number or unset, "
                               f"got {self.learning_rate!r}")
         positive_seconds("timeout", self.timeout_s)
         return self
+
+    @property
+    def labels(self) -> tuple[str, ...]:
+        return (self.label,) if isinstance(self.label, str) else tuple(self.label)
 
     def replace(self, **changes: Any) -> "TrainConfig":
         return dataclasses.replace(self, **changes)

@@ -32,6 +32,11 @@ class CheckpointError(SparkDDLError):
     """No usable checkpoint could be written or read."""
 
 
+class NonFiniteLossError(SparkDDLError):
+    """A rank's loss was NaN or infinite (onNonFiniteLoss='raise'). Not retried: a relaunch
+    from the last checkpoint reaches the same batch with the same weights."""
+
+
 @dataclass
 class RankFailure:
     """What one rank reported when it failed."""

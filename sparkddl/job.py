@@ -62,7 +62,7 @@ def run_train(cfg: JobConfig) -> dict[str, Any]:
     fit_s = time.perf_counter() - started
     run_dir = out_dir.url(model.run_id)
     paths = save_run(out_dir, model, cfg)
-    metrics = evaluate_model(model, test_df, t.label)
+    metrics = evaluate_model(model, test_df, t.labels[0])
     out_dir.write_bytes(out_dir.url(model.run_id, "metrics.json"), json.dumps(metrics).encode())
     print_metrics(model, metrics, fit_s)
     print(f"run {model.run_id}: model {paths['model']}\n  history {paths['history']}\n"
@@ -92,7 +92,7 @@ def run_evaluate(cfg: JobConfig, model_path: str | None = None) -> dict[str, Any
         raise ConfigError(f"the model at {model_path} does not fit the preset's model "
                           f"{cfg.model.name!r} with {cfg.model.kwargs}; evaluate with the preset "
                           f"it was trained with ({' '.join(str(exc).split())[:300]})") from exc
-    metrics = evaluate_model(model, test_df, cfg.data.label)
+    metrics = evaluate_model(model, test_df, cfg.train_config().labels[0])
     print_metrics(model, metrics, None)
     return {"run_id": model.run_id, "metrics": metrics, "model": model_path}
 

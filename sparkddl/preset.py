@@ -117,7 +117,8 @@ def redacted(value: Any, key: str = "") -> Any:
 # tables whose keys are free-form (passed on as keyword arguments or Spark conf): their own
 # keys are not checked against the schema, and an override may name a key with dots in it
 _FREE_FORM = {("spark", "conf"), ("model", "kwargs"), ("optimizer", "kwargs"),
-              ("train", "strategy_options"), ("data", "feature_shapes")}
+              ("train", "strategy_options"), ("data", "feature_shapes"),
+              ("train", "lr_scheduler_options")}
 
 
 DEFAULT_PRESET = "digits"

@@ -2,11 +2,15 @@
 so that shape and dtype mistakes fail here with an explanation instead of on every rank."""
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
-from sparkddl.errors import ConfigError
+from sparkddl.errors import ConfigError, DataError
 from sparkddl.problems import Problem
+from sparkddl.train.steps import LossFn
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -18,16 +22,19 @@ class ProblemInfo:
     output_width: int
 
 
-def check_sample(module: Any, loss_fn: Callable[..., Any], sample: dict[str, Any],
-                 features: tuple[str, ...], label: str,
+def check_sample(module: Any, step: LossFn, sample: dict[str, Any],
                  label_range: tuple[int | None, int | None] = (None, None)) -> ProblemInfo:
-    """Run the model and the loss on ``sample``; ``label_range`` is the (min, max) of an
-    integral label over the whole training data."""
+    """Run the model and the loss (or the trainStep) on ``sample``; ``label_range`` is the
+    (min, max) of the first label over the whole training data, if integral."""
     import torch
 
-    inputs = [torch.from_numpy(sample[f].copy()) for f in features]
-    target = torch.from_numpy(sample[label].copy())
-    shapes = ", ".join(f"{f}: {list(t.shape)} {t.dtype}" for f, t in zip(features, inputs))
+    batch = {c: torch.from_numpy(sample[c].copy()) for c in step.columns}
+    inputs = [batch[f] for f in step.features]
+    label = step.labels[0]
+    target = batch[label]
+    shapes = ", ".join(f"{f}: {list(t.shape)} {t.dtype}" for f, t in zip(step.features, inputs))
+    if step.train_step is not None:
+        return _check_train_step(module, step, batch, shapes)
     module.eval()
     try:
         with torch.no_grad():
@@ -39,26 +46,85 @@ def check_sample(module: Any, loss_fn: Callable[..., Any], sample: dict[str, Any
             "feature column(s), or declare feature shapes (featureShapes)") from exc
     finally:
         module.train()
-    if not isinstance(output, torch.Tensor):
+    several = len(step.labels) > 1
+    first = output[0] if several and isinstance(output, (tuple, list)) and output else output
+    if not isinstance(first, torch.Tensor):
         raise ConfigError(f"the model returned a {type(output).__name__}; it must return one "
-                          "tensor of predictions")
-    task = _task(output, target, loss_fn)
+                          "tensor of predictions" + (", or a tuple of them, one per label"
+                                                     if several else ""))
+    task = _task(first, target, step.losses[0])
     _check_label_range(task, label, *label_range)
     try:
-        loss = loss_fn(output, target)
+        with torch.no_grad():
+            loss = step(_Fixed(output), batch)[0]
+    except ConfigError:
+        raise
     except Exception as exc:
         hint = ""
-        if isinstance(loss_fn, torch.nn.CrossEntropyLoss) and target.is_floating_point():
+        if isinstance(step.losses[0], torch.nn.CrossEntropyLoss) and target.is_floating_point():
             hint = (" CrossEntropyLoss needs integer class labels: make the label column an "
                     "integer type")
         raise ConfigError(
-            f"the loss failed on the model's output {list(output.shape)} {output.dtype} and the "
+            f"the loss failed on the model's output {list(first.shape)} {first.dtype} and the "
             f"label {label!r} {list(target.shape)} {target.dtype}: {type(exc).__name__}: "
             f"{exc}.{hint}") from exc
     if not isinstance(loss, torch.Tensor) or loss.numel() != 1:
         raise ConfigError("the loss must return a single scalar tensor "
                           f"(got {type(loss).__name__} {getattr(loss, 'shape', '')})")
     return task
+
+
+class _Fixed:
+    """A stand-in model returning an output already computed (the loss is checked apart)."""
+
+    def __init__(self, output: Any):
+        self.output = output
+
+    def __call__(self, *inputs: Any) -> Any:
+        return self.output
+
+
+def _check_train_step(module: Any, step: LossFn, batch: dict[str, Any],
+                      shapes: str) -> ProblemInfo:
+    import torch
+    try:
+        step(module, batch)
+    except ConfigError:
+        raise
+    except Exception as exc:
+        raise ConfigError(f"the trainStep failed on a sample of the training data ({shapes}): "
+                          f"{type(exc).__name__}: {exc}") from exc
+    finally:
+        module.zero_grad(set_to_none=True)
+    try:  # what transform will predict, if the model takes the features alone
+        with torch.no_grad():
+            output = module(*[batch[f] for f in step.features])
+    except Exception:  # noqa: BLE001 - a model with other inputs: transform's own concern
+        return ProblemInfo(Problem.REGRESSION, 0)
+    if not isinstance(output, torch.Tensor):
+        return ProblemInfo(Problem.REGRESSION, 0)
+    return _task(output, batch[step.labels[0]], step.losses[0])
+
+
+def check_finite(sample: dict[str, Any], features: tuple[str, ...], policy: str) -> None:
+    """NaN/inf in the sampled feature values: an error with onNonFiniteLoss='raise' (every
+    step touching such a row would fail), a warning with 'skip_batch'."""
+    import numpy as np
+    found = []
+    for f in features:
+        values = np.asarray(sample[f])
+        if values.dtype.kind == "f":
+            rows = ~np.isfinite(values.reshape(len(values), -1)).all(axis=1)
+            if rows.any():
+                found.append(f"{f!r} ({int(rows.sum())} of {len(values)} sampled rows)")
+    if not found:
+        return
+    what = (f"feature column(s) {', '.join(found)} hold NaN or infinite values; clean them "
+            "(e.g. DataFrame.na.drop / na.fill, or filter with isnan)")
+    if policy == "raise":
+        raise DataError(f"{what}, or set onNonFiniteLoss='skip_batch' to skip the batches "
+                        "whose loss is not finite")
+    log.warning("%s; batches whose loss is not finite will be skipped", what)
 
 
 def _task(output: Any, target: Any, loss_fn: Any) -> ProblemInfo:

@@ -17,7 +17,9 @@ from sparkddl.data import Dataset
 from sparkddl.data.batching import to_tensors
 from sparkddl.data.local import batches
 from sparkddl.store import Store
+from sparkddl.launch.callbacks import Callbacks
 from sparkddl.train.components import build_module
+from sparkddl.train.steps import LossFn
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +49,12 @@ class _Submitted:
 
 
 @dataclass
+class _RowDone:
+    epoch: int
+    reply: Callable[[dict[str, Any]], None]
+
+
+@dataclass
 class _Checkpointed:
     epochs_done: int
 
@@ -69,13 +77,16 @@ class SnapshotEvaluator:
     batches of ``EVAL_BATCH`` rows for every snapshot: the driver never holds all of it.
     """
 
-    def __init__(self, model_factory: Callable[[], Any], loss_fn: Callable[..., Any],
+    def __init__(self, model_factory: Callable[[], Any], step: LossFn,
                  metrics: dict[str, Callable[..., Any]], val: Dataset | None,
-                 features: tuple[str, ...], label: str, best_by: str, mode: str,
-                 patience: int, store: Store, run_id: str):
+                 best_by: str, mode: str, patience: int, store: Store, run_id: str,
+                 callbacks: Callbacks | None = None, snapshot_every: int = 1,
+                 epochs: int = 0):
         self.module = build_module(model_factory)
-        self.loss_fn, self.metrics = loss_fn, metrics
-        self.val, self.features, self.label = val, features, label
+        self.step, self.metrics = step, metrics
+        self.val = val
+        self.callbacks = callbacks or Callbacks([])
+        self.snapshot_every, self.epochs = snapshot_every, epochs
         self.best_by, self.mode, self.patience = best_by, mode, patience
         self.store, self.run_id = store, run_id
         self.rows: dict[int, dict[str, Any]] = {}
@@ -92,9 +103,13 @@ class SnapshotEvaluator:
         self._thread.start()
 
     # ---- called from channel threads ----
-    def record_epoch(self, row: dict[str, Any]) -> None:
+    def record_epoch(self, row: dict[str, Any],
+                     reply: Callable[[dict[str, Any]], None] = lambda header: None) -> None:
+        epoch = int(row["epoch"])
         with self._lock:
-            self.rows[int(row["epoch"])] = {**self.rows.get(int(row["epoch"]), {}), **row}
+            self.rows[epoch] = {**self.rows.get(epoch, {}), **row}
+        if self.callbacks and epoch % self.snapshot_every and epoch != self.epochs:
+            self._queue.put(_RowDone(epoch, reply))  # no snapshot comes for this epoch
 
     def submit(self, snapshot: messages.Snapshot, payload: bytes,
                reply: Callable[[dict[str, Any]], None]) -> None:
@@ -136,7 +151,7 @@ class SnapshotEvaluator:
         with self._lock:
             history = [self.rows[e] for e in sorted(self.rows)]
         return EvaluationResult(history, self._best.snap, self._last, self._stop_at,
-                                self._errors)
+                                self._errors + self.callbacks.errors)
 
     # ---- the evaluator thread ----
     def _loop(self) -> None:
@@ -147,6 +162,8 @@ class SnapshotEvaluator:
             try:
                 if isinstance(item, _Submitted):
                     self._handle(item.snapshot, item.payload, item.reply)
+                elif isinstance(item, _RowDone):
+                    self._epoch_done(item.epoch, item.reply)
                 elif isinstance(item, _Checkpointed):
                     if item.epochs_done != self._saved_epochs:
                         self._save_state(item.epochs_done)
@@ -179,8 +196,19 @@ class SnapshotEvaluator:
             row.update(scores)
             value = row.get(self.best_by)
         self._last = snap
+        self.callbacks.snapshot(epoch, state)
         if value is not None:
             self._update_best(snap, float(value), reply)
+        self._epoch_done(epoch, reply)
+
+    def _epoch_done(self, epoch: int, reply: Callable[[dict[str, Any]], None]) -> None:
+        """The epoch's row is complete: the callbacks see it and may ask for a stop."""
+        with self._lock:
+            row = dict(self.rows.get(epoch, {"epoch": epoch}))
+        if self.callbacks.epoch_end(row) and self._stop_at is None and epoch != self.epochs:
+            self._stop_at = epoch
+            log.info("a callback asked to stop after epoch %d; asking the ranks to stop", epoch)
+            reply(messages.Stop(epoch).header())
 
     def _update_best(self, snap: Snapshot, value: float,
                      reply: Callable[[dict[str, Any]], None]) -> None:
@@ -207,12 +235,10 @@ class SnapshotEvaluator:
         sums = {"val_loss": 0.0, **{f"val_{k}": 0.0 for k in self.metrics}}
         with torch.no_grad():
             for batch in map(to_tensors, batches(self.val, EVAL_BATCH)):
-                inputs = [batch[f] for f in self.features]
-                target = batch[self.label]
-                output = self.module(*inputs)
-                n = len(target)
+                loss, output, target = self.step(self.module, batch)
+                n = len(batch[self.step.labels[0]])
                 n_total += n
-                sums["val_loss"] += float(self.loss_fn(output, target)) * n
+                sums["val_loss"] += float(loss) * n
                 for k, fn in self.metrics.items():
                     sums[f"val_{k}"] += float(fn(output, target)) * n
         return {k: v / max(n_total, 1) for k, v in sums.items()}

@@ -17,6 +17,7 @@ from sparkddl.config import TrainConfig
 from sparkddl.data import PreparedData
 from sparkddl.errors import ConfigError, TrainingFailedError
 from sparkddl.launch import preflight
+from sparkddl.launch.callbacks import Callbacks
 from sparkddl.launch.checks import ProblemInfo
 from sparkddl.launch.evaluation import EvaluationResult, SnapshotEvaluator
 from sparkddl.launch.inputs import check_best_by_early, fit_inputs, shard_plan
@@ -55,7 +56,7 @@ class _Dispatch:
             self.steps = int(body.steps)
 
     def _epoch(self, msg: Message, body: m.Epoch) -> None:
-        self.evaluator.record_epoch(body.row)
+        self.evaluator.record_epoch(body.row, msg.reply)
         self.progress.epoch(body.row)
 
     def _snapshot(self, msg: Message, body: m.Snapshot) -> None:
@@ -84,14 +85,17 @@ class FitResult:
     evaluation_errors: list[str] = field(default_factory=list)
 
 
-def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: TrainConfig
-        ) -> FitResult:
+def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: TrainConfig,
+        callbacks: Callbacks | None = None) -> FitResult:
+    """``callbacks`` run on the driver (on_fit_start and on_fit_end are the caller's)."""
     started = time.perf_counter()
     config.validate()
     check_best_by_early(config)
     sc = spark.sparkContext
     preflight.check_cluster(sc, config.num_workers, config.use_gpu)
-    strategies.create(config.strategy, config.strategy_options)  # unknown names/options
+    # unknown names and options; what the installed torch cannot run on these devices
+    strategies.create(config.strategy, config.strategy_options).check_device(
+        "cuda" if config.use_gpu else "cpu")
     inputs = fit_inputs(df, model, optimizer, loss, config)
     store, data = inputs.store, inputs.data
     run_id = config.run_id or new_run_id()
@@ -99,12 +103,13 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
     _record_run(store, run_id, data, config, plan.steps_per_epoch)
     spec = TrainSpec(config, run_id=run_id, model_factory=inputs.factory,
                      optimizer=inputs.optimizer, loss=inputs.loss, metrics=inputs.metrics,
-                     plan=plan, store_root=store.root)
-    evaluator = SnapshotEvaluator(inputs.factory, inputs.loss, inputs.metrics,
-                                  data.val,
-                                  config.features, config.label, inputs.best_by,
-                                  best_mode(inputs.best_by, config.best_mode),
-                                  config.early_stopping_patience, store, run_id)
+                     plan=plan, store_root=store.root, scheduler=inputs.scheduler,
+                     step_fn=inputs.step_fn)
+    evaluator = SnapshotEvaluator(inputs.factory, inputs.step_fn, inputs.metrics, data.val,
+                                  inputs.best_by, best_mode(inputs.best_by, config.best_mode),
+                                  config.early_stopping_patience, store, run_id,
+                                  callbacks=callbacks, snapshot_every=config.snapshot_every,
+                                  epochs=config.epochs)
     progress = Progress(config.epochs, plan.steps_per_epoch, enabled=config.progress,
                         samples_per_step=config.batch_size * config.num_workers)
     log.info("fit %s: %d workers x batch %d, %d steps per epoch, %d epochs, strategy %s",

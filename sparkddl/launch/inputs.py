@@ -10,11 +10,14 @@ from sparkddl.data import DataSpec, PreparedData, prepare
 from sparkddl.data.local import read_rows
 from sparkddl.data.plan import ShardPlan
 from sparkddl.errors import ConfigError
-from sparkddl.launch.checks import ProblemInfo, check_sample
+from sparkddl.launch.checks import ProblemInfo, check_finite, check_sample
 from sparkddl.store import Store
 from sparkddl.train.components import (OptimizerRecipe, build_module, check_optimizer,
                                        model_factory, optimizer_recipe, resolve_loss)
 from sparkddl.train.metrics import resolve_metrics
+from sparkddl.train.optimization import (SchedulerRecipe, check_precision, check_scheduler,
+                                         scheduler_recipe)
+from sparkddl.train.steps import LossFn, loss_fn
 
 
 @dataclass
@@ -27,10 +30,14 @@ class FitInputs:
     problem: ProblemInfo  # what the model predicts, from a sample of the data
     metrics: dict[str, Callable[..., Any]]
     best_by: str
+    step_fn: LossFn  # model + loss (or the trainStep) on a batch
+    scheduler: SchedulerRecipe | None
 
 
 def prepare_data(df: Any, config: TrainConfig, store: Store, num_workers: int) -> PreparedData:
-    return prepare(df, DataSpec.of(config.features, config.label, shapes=config.feature_shapes),
+    weight = (config.sample_weight,) if config.sample_weight else None
+    return prepare(df, DataSpec.of(config.features, config.labels, extra=weight,
+                                   shapes=config.feature_shapes),
                    num_workers=num_workers, batch_size=config.batch_size, store=store,
                    validation=config.validation, seed=config.seed, reader=config.reader)
 
@@ -48,16 +55,31 @@ def fit_inputs(df: Any, model: Any, optimizer: Any, loss: Any, config: TrainConf
     module = build_module(factory)
     recipe = optimizer_recipe(optimizer)
     check_optimizer(recipe, module, config.learning_rate)
-    loss_fn = resolve_loss(loss)
+    check_precision(config.precision, config.use_gpu)
+    losses = [resolve_loss(x) for x in loss] if isinstance(loss, (list, tuple)) else \
+        resolve_loss(loss)
+    step_fn = loss_fn(losses, config.features, config.labels, config.sample_weight,
+                      config.train_step)
+    if config.train_step is not None and config.metrics:
+        raise ConfigError("metrics need the model's output, which a trainStep does not "
+                          "return; drop metrics (val_loss and train_loss are computed with "
+                          "the trainStep) or drop trainStep")
+    schedule = scheduler_recipe(config.lr_scheduler, config.lr_scheduler_options,
+                                config.lr_scheduler_interval)
+    # before the data is prepared (which may take long); the real length comes later
+    check_scheduler(schedule, recipe.build(module.parameters(), config.learning_rate),
+                    config.epochs, optimizer_steps_per_epoch=1)
     store = Store.from_uri(config.store)
     store.check_writable()
     data = prepare_data(df, config, store, config.num_workers)
-    problem = check_sample(module, loss_fn, read_rows(data.train, limit=8), config.features,
-                           config.label, data.label_range(config.label))
-    metrics = resolve_metrics(config.metrics if config.metrics is not None else
-                              (["accuracy"] if problem.kind.is_classifier else []))
+    sample = read_rows(data.train, limit=8)
+    check_finite(sample, config.features, config.on_non_finite_loss)
+    problem = check_sample(module, step_fn, sample, data.label_range(config.labels[0]))
+    default = ["accuracy"] if problem.kind.is_classifier and config.train_step is None else []
+    metrics = resolve_metrics(config.metrics if config.metrics is not None else default)
     best_by = resolve_best_by(config.best_by, metrics, data.val is not None)
-    return FitInputs(factory, recipe, loss_fn, store, data, problem, metrics, best_by)
+    return FitInputs(factory, recipe, losses if not isinstance(losses, list) else losses[0],
+                     store, data, problem, metrics, best_by, step_fn, schedule)
 
 
 def check_best_by_early(config: TrainConfig) -> None:

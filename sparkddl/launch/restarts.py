@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 
 from sparkddl import checkpoint
-from sparkddl.errors import ClusterError, TrainingFailedError
+from sparkddl.errors import ClusterError, NonFiniteLossError, TrainingFailedError
 from sparkddl.launch import preflight
 from sparkddl.store import Store
 
@@ -54,7 +54,10 @@ class RestartPolicy:
         repeats = will_repeat(exc, self.num_workers)
         if attempt < self.max_restarts and self.remaining() != 0 and not repeats:
             return None
-        if repeats:
+        if repeats and _non_finite(exc):
+            reason = (f"{exc.reason} (not retried: a relaunch from the last checkpoint would "
+                      "reach the same batch with the same weights)")
+        elif repeats:
             reason = (f"{exc.reason} (not retried: every rank failed the same way before its "
                       "first step, so every attempt would)")
         elif attempt == 0:
@@ -84,6 +87,8 @@ def will_repeat(exc: TrainingFailedError, num_workers: int) -> bool:
     """Every rank reported the same error before any training step: a configuration or code
     error (a missing function, a device that does not exist), not a fault a relaunch fixes."""
     failures = exc.failures
+    if _non_finite(exc):
+        return True
     if len({f.rank for f in failures}) < num_workers:
         return False
     if not all(f.status and f.traceback for f in failures):  # a rank died: that may not recur
@@ -91,6 +96,10 @@ def will_repeat(exc: TrainingFailedError, num_workers: int) -> bool:
     if any(int(f.status.get("steps") or 0) > 0 for f in failures):
         return False
     return len({f.message for f in failures}) == 1
+
+
+def _non_finite(exc: TrainingFailedError) -> bool:
+    return any(f.message.startswith(NonFiniteLossError.__name__) for f in exc.failures)
 
 
 def record_restart(attempt: int, exc: TrainingFailedError, store: Store, run_id: str,

@@ -110,10 +110,18 @@ class HasTorchEstimatorParams(HasTorchModelParams):
         Params._dummy(), 'loss',
         'loss module, callable (output, label) -> scalar, or a name (cross_entropy, mse, bce_with_logits, ...)',
         typeConverter=TypeConverters.identity)
+    callbacks: Param = Param(
+        Params._dummy(), 'callbacks',
+        'objects with any of on_fit_start(estimator), on_epoch_end(row) -> bool (True stops training), on_snapshot(epoch, state_dict), on_fit_end(model); they run on the driver',
+        typeConverter=TypeConverters.identity)
     labelCol: Param = Param(
         Params._dummy(), 'labelCol',
-        'label column name',
-        typeConverter=TypeConverters.toString)
+        'label column name, or a list of them (the model then returns one output per label; the loss is summed over the pairs)',
+        typeConverter=_p.labels)
+    sampleWeightCol: Param = Param(
+        Params._dummy(), 'sampleWeightCol',
+        'column of per-row weights: the loss is sum(w * loss_i) / sum(w)',
+        typeConverter=TypeConverters.identity)
     epochs: Param = Param(
         Params._dummy(), 'epochs',
         'passes over the training data',
@@ -190,6 +198,42 @@ class HasTorchEstimatorParams(HasTorchModelParams):
         Params._dummy(), 'timeout',
         'wall-clock limit of the whole fit in seconds, all attempts together (None: no limit)',
         typeConverter=TypeConverters.identity)
+    lrScheduler: Param = Param(
+        Params._dummy(), 'lrScheduler',
+        'learning-rate schedule: a factory optimizer -> torch LR scheduler, or a name (step, multistep, exponential, cosine, linear, onecycle, constant) with lrSchedulerOptions',
+        typeConverter=TypeConverters.identity)
+    lrSchedulerOptions: Param = Param(
+        Params._dummy(), 'lrSchedulerOptions',
+        "keyword arguments of the named scheduler (e.g. {'step_size': 5, 'gamma': 0.5}); cosine and onecycle default to the whole fit's length",
+        typeConverter=TypeConverters.identity)
+    lrSchedulerInterval: Param = Param(
+        Params._dummy(), 'lrSchedulerInterval',
+        'step the schedule every epoch or every optimizer step',
+        typeConverter=TypeConverters.toString)
+    precision: Param = Param(
+        Params._dummy(), 'precision',
+        '32, bf16-mixed (autocast to bfloat16, CPU and GPU) or 16-mixed (float16 autocast with loss scaling, GPU only); weights and optimizer state stay float32',
+        typeConverter=TypeConverters.toString)
+    backwardPassesPerStep: Param = Param(
+        Params._dummy(), 'backwardPassesPerStep',
+        'micro-batches whose gradients are accumulated per optimizer step (no communication on the first k-1)',
+        typeConverter=TypeConverters.toInt)
+    gradientClipNorm: Param = Param(
+        Params._dummy(), 'gradientClipNorm',
+        'clip the synchronized gradients to this total L2 norm',
+        typeConverter=TypeConverters.identity)
+    gradientClipValue: Param = Param(
+        Params._dummy(), 'gradientClipValue',
+        'clamp each synchronized gradient element to [-v, v]',
+        typeConverter=TypeConverters.identity)
+    trainStep: Param = Param(
+        Params._dummy(), 'trainStep',
+        'fn(model, batch) -> scalar loss, replacing model(*features) and loss(output, label); batch is the dict column -> tensor; also computes val_loss',
+        typeConverter=TypeConverters.identity)
+    onNonFiniteLoss: Param = Param(
+        Params._dummy(), 'onNonFiniteLoss',
+        'a NaN/inf loss: raise (stop the fit naming epoch, step and rank) or skip_batch (every rank skips that step)',
+        typeConverter=TypeConverters.toString)
     strategy: Param = Param(
         Params._dummy(), 'strategy',
         'training strategy name',
@@ -229,14 +273,17 @@ class HasTorchEstimatorParams(HasTorchModelParams):
 
     def __init__(self) -> None:
         super().__init__()
-        self._setDefault(model=None, optimizer=None, loss=None, labelCol='label', epochs=10,
-                batchSize=32, numWorkers=2, validation=None, store='file:///tmp/sparkddl', seed=0,
-                snapshotEvery=1, bestBy=None, bestByMode='auto', earlyStoppingPatience=0,
-                finalWeights='best', learningRate=None, metrics=None, shuffleBufferSize=10000,
-                readerWorkers=2, readerPool='thread', reader='auto', useGpu=False, timeout=None,
-                strategy='allreduce', strategyOptions={}, progress=True, checkpointEvery=1,
-                checkpointEverySteps=0, keepCheckpoints=3, maxRestarts=2, runId=None,
-                watchdogTimeout=900.0)
+        self._setDefault(model=None, optimizer=None, loss=None, callbacks=None, labelCol='label',
+                sampleWeightCol=None, epochs=10, batchSize=32, numWorkers=2, validation=None,
+                store='file:///tmp/sparkddl', seed=0, snapshotEvery=1, bestBy=None,
+                bestByMode='auto', earlyStoppingPatience=0, finalWeights='best', learningRate=None,
+                metrics=None, shuffleBufferSize=10000, readerWorkers=2, readerPool='thread',
+                reader='auto', useGpu=False, timeout=None, lrScheduler=None, lrSchedulerOptions={},
+                lrSchedulerInterval='epoch', precision='32', backwardPassesPerStep=1,
+                gradientClipNorm=None, gradientClipValue=None, trainStep=None,
+                onNonFiniteLoss='raise', strategy='allreduce', strategyOptions={}, progress=True,
+                checkpointEvery=1, checkpointEverySteps=0, keepCheckpoints=3, maxRestarts=2,
+                runId=None, watchdogTimeout=900.0)
 
     def setModel(self, value: Any) -> Any:
         """Sets model: torch.nn.Module, zero-argument factory returning one, or a name (mlp, cnn, package.module:factory)"""
@@ -262,13 +309,29 @@ class HasTorchEstimatorParams(HasTorchModelParams):
         """loss: loss module, callable (output, label) -> scalar, or a name (cross_entropy, mse, bce_with_logits, ...)"""
         return self.getOrDefault(self.loss)
 
+    def setCallbacks(self, value: Any) -> Any:
+        """Sets callbacks: objects with any of on_fit_start(estimator), on_epoch_end(row) -> bool (True stops training), on_snapshot(epoch, state_dict), on_fit_end(model); they run on the driver"""
+        return self._set(callbacks=value)
+
+    def getCallbacks(self) -> Any:
+        """callbacks: objects with any of on_fit_start(estimator), on_epoch_end(row) -> bool (True stops training), on_snapshot(epoch, state_dict), on_fit_end(model); they run on the driver"""
+        return self.getOrDefault(self.callbacks)
+
     def setLabelCol(self, value: Any) -> Any:
-        """Sets labelCol: label column name"""
+        """Sets labelCol: label column name, or a list of them (the model then returns one output per label; the loss is summed over the pairs)"""
         return self._set(labelCol=value)
 
     def getLabelCol(self) -> Any:
-        """labelCol: label column name"""
+        """labelCol: label column name, or a list of them (the model then returns one output per label; the loss is summed over the pairs)"""
         return self.getOrDefault(self.labelCol)
+
+    def setSampleWeightCol(self, value: Any) -> Any:
+        """Sets sampleWeightCol: column of per-row weights: the loss is sum(w * loss_i) / sum(w)"""
+        return self._set(sampleWeightCol=value)
+
+    def getSampleWeightCol(self) -> Any:
+        """sampleWeightCol: column of per-row weights: the loss is sum(w * loss_i) / sum(w)"""
+        return self.getOrDefault(self.sampleWeightCol)
 
     def setEpochs(self, value: Any) -> Any:
         """Sets epochs: passes over the training data"""
@@ -422,6 +485,78 @@ class HasTorchEstimatorParams(HasTorchModelParams):
         """timeout: wall-clock limit of the whole fit in seconds, all attempts together (None: no limit)"""
         return self.getOrDefault(self.timeout)
 
+    def setLrScheduler(self, value: Any) -> Any:
+        """Sets lrScheduler: learning-rate schedule: a factory optimizer -> torch LR scheduler, or a name (step, multistep, exponential, cosine, linear, onecycle, constant) with lrSchedulerOptions"""
+        return self._set(lrScheduler=value)
+
+    def getLrScheduler(self) -> Any:
+        """lrScheduler: learning-rate schedule: a factory optimizer -> torch LR scheduler, or a name (step, multistep, exponential, cosine, linear, onecycle, constant) with lrSchedulerOptions"""
+        return self.getOrDefault(self.lrScheduler)
+
+    def setLrSchedulerOptions(self, value: Any) -> Any:
+        """Sets lrSchedulerOptions: keyword arguments of the named scheduler (e.g. {'step_size': 5, 'gamma': 0.5}); cosine and onecycle default to the whole fit's length"""
+        return self._set(lrSchedulerOptions=value)
+
+    def getLrSchedulerOptions(self) -> Any:
+        """lrSchedulerOptions: keyword arguments of the named scheduler (e.g. {'step_size': 5, 'gamma': 0.5}); cosine and onecycle default to the whole fit's length"""
+        return self.getOrDefault(self.lrSchedulerOptions)
+
+    def setLrSchedulerInterval(self, value: Any) -> Any:
+        """Sets lrSchedulerInterval: step the schedule every epoch or every optimizer step"""
+        return self._set(lrSchedulerInterval=value)
+
+    def getLrSchedulerInterval(self) -> Any:
+        """lrSchedulerInterval: step the schedule every epoch or every optimizer step"""
+        return self.getOrDefault(self.lrSchedulerInterval)
+
+    def setPrecision(self, value: Any) -> Any:
+        """Sets precision: 32, bf16-mixed (autocast to bfloat16, CPU and GPU) or 16-mixed (float16 autocast with loss scaling, GPU only); weights and optimizer state stay float32"""
+        return self._set(precision=value)
+
+    def getPrecision(self) -> Any:
+        """precision: 32, bf16-mixed (autocast to bfloat16, CPU and GPU) or 16-mixed (float16 autocast with loss scaling, GPU only); weights and optimizer state stay float32"""
+        return self.getOrDefault(self.precision)
+
+    def setBackwardPassesPerStep(self, value: Any) -> Any:
+        """Sets backwardPassesPerStep: micro-batches whose gradients are accumulated per optimizer step (no communication on the first k-1)"""
+        return self._set(backwardPassesPerStep=value)
+
+    def getBackwardPassesPerStep(self) -> Any:
+        """backwardPassesPerStep: micro-batches whose gradients are accumulated per optimizer step (no communication on the first k-1)"""
+        return self.getOrDefault(self.backwardPassesPerStep)
+
+    def setGradientClipNorm(self, value: Any) -> Any:
+        """Sets gradientClipNorm: clip the synchronized gradients to this total L2 norm"""
+        return self._set(gradientClipNorm=value)
+
+    def getGradientClipNorm(self) -> Any:
+        """gradientClipNorm: clip the synchronized gradients to this total L2 norm"""
+        return self.getOrDefault(self.gradientClipNorm)
+
+    def setGradientClipValue(self, value: Any) -> Any:
+        """Sets gradientClipValue: clamp each synchronized gradient element to [-v, v]"""
+        return self._set(gradientClipValue=value)
+
+    def getGradientClipValue(self) -> Any:
+        """gradientClipValue: clamp each synchronized gradient element to [-v, v]"""
+        return self.getOrDefault(self.gradientClipValue)
+
+    def setTrainStep(self, value: Any) -> Any:
+        """Sets trainStep: fn(model, batch) -> scalar loss, replacing model(*features) and loss(output, label); batch is the dict column -> tensor; also computes val_loss"""
+        return self._set(trainStep=value)
+
+    def getTrainStep(self) -> Any:
+        """trainStep: fn(model, batch) -> scalar loss, replacing model(*features) and loss(output, label); batch is the dict column -> tensor; also computes val_loss"""
+        return self.getOrDefault(self.trainStep)
+
+    def setOnNonFiniteLoss(self, value: Any) -> Any:
+        """Sets onNonFiniteLoss: a NaN/inf loss: raise (stop the fit naming epoch, step and rank) or skip_batch (every rank skips that step)"""
+        return self._set(onNonFiniteLoss=value)
+
+    def getOnNonFiniteLoss(self) -> Any:
+        """onNonFiniteLoss: a NaN/inf loss: raise (stop the fit naming epoch, step and rank) or skip_batch (every rank skips that step)"""
+        return self.getOrDefault(self.onNonFiniteLoss)
+
     def setStrategy(self, value: Any) -> Any:
         """Sets strategy: training strategy name"""
         return self._set(strategy=value)
@@ -500,36 +635,42 @@ class TorchEstimatorBase(Estimator, HasTorchEstimatorParams):
 
     @keyword_only
     def __init__(self, *, model: Any = None, optimizer: Any = None, loss: Any = None,
-            featuresCol: Any = 'features', labelCol: Any = 'label', epochs: Any = 10,
-            batchSize: Any = 32, numWorkers: Any = 2, validation: Any = None,
-            store: Any = 'file:///tmp/sparkddl', seed: Any = 0, snapshotEvery: Any = 1,
-            bestBy: Any = None, bestByMode: Any = 'auto', earlyStoppingPatience: Any = 0,
-            finalWeights: Any = 'best', learningRate: Any = None, metrics: Any = None,
-            featureShapes: Any = {}, shuffleBufferSize: Any = 10000, readerWorkers: Any = 2,
-            readerPool: Any = 'thread', reader: Any = 'auto', useGpu: Any = False,
-            timeout: Any = None, strategy: Any = 'allreduce', strategyOptions: Any = {},
-            progress: Any = True, checkpointEvery: Any = 1, checkpointEverySteps: Any = 0,
-            keepCheckpoints: Any = 3, maxRestarts: Any = 2, runId: Any = None,
-            watchdogTimeout: Any = 900.0, predictionCol: Any = 'prediction',
-            probabilityCol: Any = 'probability', rawPredictionCol: Any = 'rawPrediction',
-            inferenceBatchSize: Any = 1024) -> None:
+            callbacks: Any = None, featuresCol: Any = 'features', labelCol: Any = 'label',
+            sampleWeightCol: Any = None, epochs: Any = 10, batchSize: Any = 32,
+            numWorkers: Any = 2, validation: Any = None, store: Any = 'file:///tmp/sparkddl',
+            seed: Any = 0, snapshotEvery: Any = 1, bestBy: Any = None, bestByMode: Any = 'auto',
+            earlyStoppingPatience: Any = 0, finalWeights: Any = 'best', learningRate: Any = None,
+            metrics: Any = None, featureShapes: Any = {}, shuffleBufferSize: Any = 10000,
+            readerWorkers: Any = 2, readerPool: Any = 'thread', reader: Any = 'auto',
+            useGpu: Any = False, timeout: Any = None, lrScheduler: Any = None,
+            lrSchedulerOptions: Any = {}, lrSchedulerInterval: Any = 'epoch',
+            precision: Any = '32', backwardPassesPerStep: Any = 1, gradientClipNorm: Any = None,
+            gradientClipValue: Any = None, trainStep: Any = None, onNonFiniteLoss: Any = 'raise',
+            strategy: Any = 'allreduce', strategyOptions: Any = {}, progress: Any = True,
+            checkpointEvery: Any = 1, checkpointEverySteps: Any = 0, keepCheckpoints: Any = 3,
+            maxRestarts: Any = 2, runId: Any = None, watchdogTimeout: Any = 900.0,
+            predictionCol: Any = 'prediction', probabilityCol: Any = 'probability',
+            rawPredictionCol: Any = 'rawPrediction', inferenceBatchSize: Any = 1024) -> None:
         super().__init__()
         self._set(**self._input_kwargs)
 
     @keyword_only
     def setParams(self, *, model: Any = None, optimizer: Any = None, loss: Any = None,
-            featuresCol: Any = 'features', labelCol: Any = 'label', epochs: Any = 10,
-            batchSize: Any = 32, numWorkers: Any = 2, validation: Any = None,
-            store: Any = 'file:///tmp/sparkddl', seed: Any = 0, snapshotEvery: Any = 1,
-            bestBy: Any = None, bestByMode: Any = 'auto', earlyStoppingPatience: Any = 0,
-            finalWeights: Any = 'best', learningRate: Any = None, metrics: Any = None,
-            featureShapes: Any = {}, shuffleBufferSize: Any = 10000, readerWorkers: Any = 2,
-            readerPool: Any = 'thread', reader: Any = 'auto', useGpu: Any = False,
-            timeout: Any = None, strategy: Any = 'allreduce', strategyOptions: Any = {},
-            progress: Any = True, checkpointEvery: Any = 1, checkpointEverySteps: Any = 0,
-            keepCheckpoints: Any = 3, maxRestarts: Any = 2, runId: Any = None,
-            watchdogTimeout: Any = 900.0, predictionCol: Any = 'prediction',
-            probabilityCol: Any = 'probability', rawPredictionCol: Any = 'rawPrediction',
-            inferenceBatchSize: Any = 1024) -> Any:
+            callbacks: Any = None, featuresCol: Any = 'features', labelCol: Any = 'label',
+            sampleWeightCol: Any = None, epochs: Any = 10, batchSize: Any = 32,
+            numWorkers: Any = 2, validation: Any = None, store: Any = 'file:///tmp/sparkddl',
+            seed: Any = 0, snapshotEvery: Any = 1, bestBy: Any = None, bestByMode: Any = 'auto',
+            earlyStoppingPatience: Any = 0, finalWeights: Any = 'best', learningRate: Any = None,
+            metrics: Any = None, featureShapes: Any = {}, shuffleBufferSize: Any = 10000,
+            readerWorkers: Any = 2, readerPool: Any = 'thread', reader: Any = 'auto',
+            useGpu: Any = False, timeout: Any = None, lrScheduler: Any = None,
+            lrSchedulerOptions: Any = {}, lrSchedulerInterval: Any = 'epoch',
+            precision: Any = '32', backwardPassesPerStep: Any = 1, gradientClipNorm: Any = None,
+            gradientClipValue: Any = None, trainStep: Any = None, onNonFiniteLoss: Any = 'raise',
+            strategy: Any = 'allreduce', strategyOptions: Any = {}, progress: Any = True,
+            checkpointEvery: Any = 1, checkpointEverySteps: Any = 0, keepCheckpoints: Any = 3,
+            maxRestarts: Any = 2, runId: Any = None, watchdogTimeout: Any = 900.0,
+            predictionCol: Any = 'prediction', probabilityCol: Any = 'probability',
+            rawPredictionCol: Any = 'rawPrediction', inferenceBatchSize: Any = 1024) -> Any:
         """Sets the given Params; the others keep their values."""
         return self._set(**self._input_kwargs)

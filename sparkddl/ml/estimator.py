@@ -5,6 +5,7 @@ from typing import Any
 
 from sparkddl.config import TrainConfig
 from sparkddl.errors import ConfigError
+from sparkddl.launch.callbacks import Callbacks
 from sparkddl.launch.fit import FitResult, fit
 from sparkddl.ml import architecture, params
 from sparkddl.ml._params import HasTorchModelParams, TorchEstimatorBase
@@ -34,10 +35,14 @@ class TorchEstimator(TorchEstimatorBase):
         for name in ("model", "optimizer", "loss"):
             if not self.isDefined(name) or self.getOrDefault(name) is None:
                 raise ConfigError(f"TorchEstimator needs {name}=...; see help(TorchEstimator)")
+        callbacks = Callbacks(self.getOrDefault(self.callbacks))
+        callbacks.fit_start(self)
         result = fit(dataset.sparkSession, dataset, self.getOrDefault(self.model),
                      self.getOrDefault(self.optimizer), self.getOrDefault(self.loss),
-                     self.train_config())
-        return self._model_from(result)
+                     self.train_config(), callbacks=callbacks)
+        model = self._model_from(result)
+        callbacks.fit_end(model)
+        return model
 
     def _model_from(self, result: FitResult) -> TorchModel:
         model = TorchModel()

@@ -26,6 +26,11 @@ def features(value: Any) -> Any:
     return value if isinstance(value, str) else TypeConverters.toListString(value)
 
 
+def labels(value: Any) -> Any:
+    """labelCol: one column name, or a list of them."""
+    return features(value)
+
+
 @dataclass(frozen=True)
 class ParamSpec:
     name: str
@@ -52,6 +57,9 @@ OBJECT_PARAMS = (
               "instance (rebuilt on the workers with all its settings) or a name", None, False),
     ParamSpec("loss", None, "loss module, callable (output, label) -> scalar, or a name "
               "(cross_entropy, mse, bce_with_logits, ...)", None, False),
+    ParamSpec("callbacks", None, "objects with any of on_fit_start(estimator), "
+              "on_epoch_end(row) -> bool (True stops training), on_snapshot(epoch, state_dict), "
+              "on_fit_end(model); they run on the driver", None, False),
 )
 
 

@@ -47,7 +47,7 @@ def calibrate(spec: TrainSpec, candidates: list[Candidate], reader_steps: int) -
     dev = device()
     batch = next(iter(epoch_batches(spec.plan, ctx.rank, 0)))
     inputs = [batch[f].to(dev) for f in spec.config.features]
-    label = batch[spec.config.label].to(dev)
+    label = batch[spec.config.labels[0]].to(dev)
     step_s, backward_s = _local_step(spec, dev, inputs, label)
     # a single worker has the machine to itself; every rank computing at once shares it
     alone_s = _local_step(spec, dev, inputs, label)[0] if ctx.rank == 0 else 0.0
@@ -115,7 +115,7 @@ def _reader_rate(spec: TrainSpec, steps: int) -> float:
     ctx = context.current()
     start, rows = time.perf_counter(), 0
     for i, batch in enumerate(epoch_batches(spec.plan, ctx.rank, 1)):
-        rows += len(batch[spec.config.label])
+        rows += len(batch[spec.config.labels[0]])
         if i + 1 >= steps:
             break
     return rows / (time.perf_counter() - start)

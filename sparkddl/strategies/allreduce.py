@@ -47,6 +47,7 @@ class AllReduce(Strategy):
         self.sync: GradientSync | None = None
         self.buffers: list[Any] = []
         self.ddp: Any = None  # set when DDP reduces without a hook
+        self.wrapped: Any = None  # the DDP module (overlap=True)
         self._buckets: tuple[int, int] | None = None
 
     def check_options(self) -> None:
@@ -87,6 +88,7 @@ class AllReduce(Strategy):
 
             with collective("DDP's setup (rank 0's weights broadcast to every rank)"):
                 ddp = DDP(module, bucket_cap_mb=self.options["bucket_cap_mb"])
+            self.wrapped = ddp
             if self.options["compression"] == "none":
                 # DDP's own C++ allreduce: a Python hook per bucket costs ~8 % of a small
                 # model's step; the traffic is counted from DDP's bucket sizes instead
@@ -103,6 +105,10 @@ class AllReduce(Strategy):
                  shapes: list["torch.Size"]) -> "Future":
         codec = self.plain if self.steps < self.options["warmup_steps"] else self.codec
         return codec.exchange(flat, keys, shapes)
+
+    def no_sync(self) -> Any:
+        """DDP's own no_sync; without overlap nothing is sent before ``step`` anyway."""
+        return super().no_sync() if self.wrapped is None else self.wrapped.no_sync()
 
     def backward(self, loss: Any) -> None:
         if self.sync is not None:  # gradients are exchanged after the backward pass

@@ -63,6 +63,10 @@ class Strategy:
             raise ConfigError(f"strategy {self.name!r} option {name}={self.options[name]!r} is "
                               f"invalid; expected {expected}")
 
+    def check_device(self, device_type: str) -> None:
+        """On the driver, before launching: raise ConfigError if this strategy cannot run on
+        ``device_type`` ("cpu" or "cuda") with the installed torch."""
+
     def wrap(self, module: Any) -> Any:
         """Return the module to run forward/backward on (may be ``module`` itself)."""
         return module
@@ -96,6 +100,32 @@ class Strategy:
             average_(copies, self.comm, what="averaging the replicas for a snapshot")
             mean = {(t.data_ptr(), tuple(t.shape)): c for t, c in zip(shared, copies)}
         return {k: mean.get((v.data_ptr(), tuple(v.shape)), v) for k, v in state.items()}
+
+    def no_sync(self) -> Any:
+        """Context for the backward passes of micro-batches that accumulate gradients
+        (``backwardPassesPerStep``): no communication inside it. The strategy's own ``step``
+        runs once per optimizer step, after the last micro-batch."""
+        import contextlib
+        return contextlib.nullcontext()
+
+    def clip_grad_norm_(self, parameters: list[Any], max_norm: float) -> float:
+        """Clip the (synchronized) gradients to a total norm; returns the norm before."""
+        import torch
+        return float(torch.nn.utils.clip_grad_norm_(parameters, max_norm))
+
+    def full_state_dict(self, module: Any) -> dict[str, Any]:
+        """The whole model's state (every rank calls it; sharded strategies gather here).
+        Tensors may stay on the device; callers move them."""
+        return module.state_dict()
+
+    def optimizer_state_dict(self, module: Any, optimizer: Any) -> dict[str, Any]:
+        """The optimizer's state for a checkpoint (every rank calls it)."""
+        return optimizer.state_dict()
+
+    def load_optimizer_state_dict(self, module: Any, optimizer: Any,
+                                  state: dict[str, Any]) -> None:
+        """Restore what ``optimizer_state_dict`` saved (after ``wrap``)."""
+        optimizer.load_state_dict(state)
 
     def state_dict(self) -> dict[str, Any]:
         return {}

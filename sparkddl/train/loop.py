@@ -21,7 +21,8 @@ from sparkddl.data.reader import epoch_batches
 from sparkddl.store import Store
 from sparkddl.task import context
 from sparkddl.task.dist import device, init_process_group
-from sparkddl.train import resume
+from sparkddl.errors import NonFiniteLossError
+from sparkddl.train import optimization, resume
 from sparkddl.train.components import build_module
 from sparkddl.train.feed import DeviceFeed
 from sparkddl.train.spec import TrainSpec
@@ -35,24 +36,39 @@ class _Run:
     def __init__(self, spec: TrainSpec):
         import torch
         self.spec, self.ctx = spec, context.current()
+        cfg = spec.config
         init_process_group()
         self.dev = device()
         self.pos = resume.Position()
-        torch.manual_seed(spec.config.seed)  # the same initial weights on every rank
+        torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         self.mark("building the model")  # the user's code: the watchdog's own limit applies
         self.module = build_module(spec.model_factory)
         self.mark("loading the checkpoint", starting=True)
         ckpt, self.pos = (resume.load(spec, self.ctx, self.module) if spec.resume_url
                           else (None, self.pos))
         self.module.to(self.dev)
-        self.strategy = strategies.create(spec.config.strategy, spec.config.strategy_options)
+        self.strategy = strategies.create(cfg.strategy, cfg.strategy_options)
         self.mark("wrapping the model for its strategy", starting=True)
         self.model = self.strategy.wrap(self.module)
-        self.optimizer = spec.optimizer.build(self.module.parameters(), spec.config.learning_rate)
-        self.saved = resume.restore_rest(ckpt, self.ctx, self.optimizer, self.strategy) \
-            if ckpt else None
+        self.raw_optimizer = spec.optimizer.build(self.module.parameters(), cfg.learning_rate)
+        self.scaler = optimization.scaler(cfg.precision)
+        self.optimizer = optimization.OptimizerStep(
+            self.raw_optimizer, self.strategy, [p for p in self.module.parameters()
+                                                if p.requires_grad],
+            cfg.gradient_clip_norm, cfg.gradient_clip_value, self.scaler)
+        self.passes = cfg.backward_passes_per_step
+        self.scheduler = spec.scheduler.build(
+            self.raw_optimizer, cfg.epochs,
+            optimization.optimizer_steps(spec.plan.steps_per_epoch, self.passes)) \
+            if spec.scheduler else None
+        self.saved = resume.restore_rest(ckpt, self.ctx, self) if ckpt else None
+        self.loss_fn = spec.loss_fn()
+        self.loss_phase = lambda: self.mark("computing the loss")
         self.reporter = _Reporter(self.ctx, spec)
         self.last_loss: Any = None
+        self.epoch_lr = 0.0  # the learning rate as the current epoch started
+        self.skipped = 0  # batches skipped for a non-finite loss, this epoch
+        self.first_bad: Any = None  # CUDA: (epoch, step) code of the first non-finite loss
         self.mark("starting", starting=True)
 
     def mark(self, phase: str, epoch: int | None = None, step: int | None = None,
@@ -69,8 +85,8 @@ class _Run:
 
     def checkpoint(self, done_epochs: int, steps_into_next: int, sums: Any) -> None:
         self.mark("writing a checkpoint")
-        resume.save(self.spec, self.ctx, self.module, self.optimizer, self.strategy,
-                    done_epochs, steps_into_next, self.pos.global_steps, sums)
+        resume.save(self.spec, self.ctx, self, done_epochs, steps_into_next,
+                    self.pos.global_steps, sums)
 
 
 def train(spec: TrainSpec) -> dict[str, Any]:
@@ -87,7 +103,7 @@ def train(spec: TrainSpec) -> dict[str, Any]:
         if epoch % spec.config.snapshot_every == 0 or last:
             if last:
                 run.strategy.finalize(run.module)
-                state = run.module.state_dict()
+                state = run.strategy.full_state_dict(run.module)
             else:  # replicas that may differ are averaged (on copies) for the snapshot
                 state = run.strategy.snapshot_state(run.module)
             run.reporter.snapshot(epoch, state, final=last)
@@ -122,6 +138,11 @@ def _epoch(run: _Run, epoch: int) -> tuple[dict[str, Any], bool]:
         torch.set_rng_state(run.saved["rng"])
         if "cuda_rng" in run.saved and run.dev.type == "cuda":
             torch.cuda.set_rng_state(run.saved["cuda_rng"], run.dev)
+    lr = run.raw_optimizer.param_groups[0]["lr"]  # as the epoch starts
+    if run.saved is not None and epoch == run.pos.epoch and skip:
+        lr = run.saved.get("epoch_lr", lr)  # resumed inside the epoch: as it started
+    run.epoch_lr = lr
+    run.skipped, checkpoint_due = 0, False
     start = time.perf_counter()
     run.mark("reading data", epoch, 0)
     # closed on every path: a failing step must not leave reader threads behind
@@ -134,47 +155,123 @@ def _epoch(run: _Run, epoch: int) -> tuple[dict[str, Any], bool]:
                 run.mark("skipping steps done before the restart", epoch, step)
                 continue  # the order is the same as before the restart, so skip them
             run.mark("forward pass", epoch, step)
-            _step(run, batch, sums)
+            boundary = _step(run, batch, sums, epoch, step)
             run.pos.global_steps += 1
             run.mark("reading data")
-            run.reporter.progress(epoch, step, run.last_loss)
-            if spec.config.checkpoint_every_steps and step < spec.plan.steps_per_epoch and \
-                    run.pos.global_steps % spec.config.checkpoint_every_steps == 0:
+            if run.reporter.progress(epoch, step, run.last_loss):
+                _check_deferred(run)
+            every = spec.config.checkpoint_every_steps
+            checkpoint_due |= bool(every) and run.pos.global_steps % every == 0
+            # only where no gradients are being accumulated: a checkpoint holds none
+            if checkpoint_due and boundary and step < spec.plan.steps_per_epoch:
                 run.checkpoint(epoch - 1, step, sums)
+                checkpoint_due = False
+    _check_deferred(run)
     run.mark("exchanging epoch statistics")
     comm = run.strategy.end_epoch()
     sums[2] = float(ctx.stop_requested.is_set())
     with context.collective("the epoch statistics allreduce"):
         dist.all_reduce(sums)  # control traffic: epoch statistics and the stop vote
+    if run.scheduler is not None and spec.config.lr_scheduler_interval == "epoch":
+        run.scheduler.step()
     elapsed = time.perf_counter() - start
-    count = sums[1].item()
+    count = max(sums[1].item(), 1.0)
     row = {"epoch": epoch, "train_loss": sums[0].item() / count,
            **{f"train_{k}": sums[3 + i].item() / count for i, k in enumerate(spec.metrics)},
-           "samples_per_sec": count * (1 - skip / spec.plan.steps_per_epoch) / elapsed,
+           "lr": lr,
+           "samples_per_sec": sums[1].item() * (1 - skip / spec.plan.steps_per_epoch) / elapsed,
            "epoch_time_s": elapsed, "data_wait_s": batches.wait_s, **comm, "attempt": ctx.attempt}
+    if spec.config.on_non_finite_loss == "skip_batch":
+        row["skipped_batches"] = run.skipped
     return row, sums[2].item() > 0
 
 
-def _step(run: _Run, batch: dict[str, Any], sums: Any) -> None:
+def _step(run: _Run, batch: dict[str, Any], sums: Any, epoch: int, step: int) -> bool:
+    """One micro-batch: forward, loss, backward; the optimizer step (with the strategy's
+    synchronization) after the last micro-batch of each accumulation window. Returns True
+    at the end of a window."""
     import torch
-    spec = run.spec
-    inputs = [batch[f].to(run.dev, non_blocking=True) for f in spec.config.features]
-    label = batch[spec.config.label].to(run.dev, non_blocking=True)
-    run.optimizer.zero_grad(set_to_none=True)
-    output = run.model(*inputs)
-    run.mark("computing the loss")
-    loss = spec.loss(output, label)
-    run.mark("backward pass")
-    run.strategy.backward(loss)
-    run.mark("optimizer step (and the strategy's synchronization)")
-    run.strategy.step(run.optimizer)
-    n = len(label)
+    spec, cfg = run.spec, run.spec.config
+    steps = spec.plan.steps_per_epoch
+    first = (step - 1) // run.passes * run.passes + 1  # the window's first step
+    window = min(run.passes, steps - first + 1)  # micro-batches in it (fewer at the end)
+    last = step == first + window - 1
+    batch = {k: v.to(run.dev, non_blocking=True) for k, v in batch.items()}
+    if step == first:
+        run.optimizer.zero_grad(set_to_none=True)
+    with contextlib.nullcontext() if last else run.strategy.no_sync():
+        with optimization.autocast(cfg.precision, run.dev):
+            loss, output, target = run.loss_fn(run.model, batch, run.loss_phase)
+        skip = _non_finite(run, loss, epoch, step)
+        run.mark("backward pass")
+        scaled = _nothing(run) if skip else loss / window
+        if run.scaler is not None:
+            scaled = run.scaler.scale(scaled)
+        run.strategy.backward(scaled)
+    if last:
+        run.mark("optimizer step (and the strategy's synchronization)")
+        run.strategy.step(run.optimizer)
+        if run.scheduler is not None and cfg.lr_scheduler_interval == "step":
+            run.scheduler.step()
+    if skip:
+        return last
+    n = len(batch[spec.config.labels[0]]) if output is None else len(target)
     with torch.no_grad():
         sums[0] += loss.detach().double() * n
         sums[1] += n
         for i, fn in enumerate(spec.metrics.values()):
-            sums[3 + i] += fn(output.detach(), label).double() * n
+            sums[3 + i] += fn(output.detach().float(), target).double() * n
     run.last_loss = loss
+    return last
+
+
+def _nothing(run: _Run) -> Any:
+    """A zero loss that touches every parameter: a skipped batch's backward still runs the
+    strategy's gradient hooks (DDP's allreduce) in step with the other ranks, adding zero."""
+    return sum((p * 0).sum() for p in run.module.parameters() if p.requires_grad)
+
+
+def _non_finite(run: _Run, loss: Any, epoch: int, step: int) -> bool:
+    """Whether every rank skips this batch (skip_batch: the ranks agree in one small
+    allreduce); with raise, a NaN/inf loss raises here on the CPU, and on a GPU at the next
+    check (no host sync per step), naming where it first happened."""
+    import torch
+    import torch.distributed as dist
+    if run.spec.config.on_non_finite_loss == "skip_batch":
+        flags = torch.zeros(run.ctx.world_size, device=run.dev)
+        flags[run.ctx.rank] = (~torch.isfinite(loss.detach())).float()
+        with context.collective("agreeing on a non-finite loss"):
+            dist.all_reduce(flags)
+        bad = [r for r, f in enumerate(flags.tolist()) if f]
+        if bad:
+            run.skipped += 1
+            log.warning("epoch %d step %d: non-finite loss on rank(s) %s; every rank skips "
+                        "the batch", epoch, step, bad)
+        return bool(bad)
+    if run.dev.type != "cuda":
+        if not torch.isfinite(loss.detach()):
+            _raise_non_finite(run, float(loss.detach()), epoch, step)
+        return False
+    # fills, not copies: nothing here waits for the GPU
+    code = torch.full((), epoch * 10**9 + step, dtype=torch.int64, device=run.dev)
+    first = run.first_bad if run.first_bad is not None else \
+        torch.full((), -1, dtype=torch.int64, device=run.dev)
+    run.first_bad = torch.where((first < 0) & ~torch.isfinite(loss.detach()), code, first)
+    return False
+
+
+def _check_deferred(run: _Run) -> None:
+    if run.first_bad is not None and int(run.first_bad) >= 0:
+        epoch, step = divmod(int(run.first_bad), 10**9)
+        _raise_non_finite(run, float("nan"), epoch, step)
+
+
+def _raise_non_finite(run: _Run, value: float, epoch: int, step: int) -> None:
+    raise NonFiniteLossError(
+        f"non-finite loss ({value}) at epoch {epoch}, step {step} on rank {run.ctx.rank}. "
+        "Check the features for NaN/inf (the driver samples only a few rows), lower the "
+        "learning rate or clip gradients (gradientClipNorm); onNonFiniteLoss='skip_batch' "
+        "skips such batches instead")
 
 
 class _Reporter:
@@ -185,12 +282,16 @@ class _Reporter:
         self.active = ctx.is_chief and ctx.channel is not None
         self._next_progress = 0.0
 
-    def progress(self, epoch: int, step: int, loss: Any) -> None:
+    def progress(self, epoch: int, step: int, loss: Any) -> bool:
+        """Report (rank 0, rate-limited); True when it is time for the periodic checks."""
         now = time.monotonic()
-        if not self.active or now < self._next_progress:
-            return
+        if now < self._next_progress:
+            return False
         self._next_progress = now + self.spec.progress_interval_s
-        self.ctx.channel.post(Progress(epoch, step, self.spec.plan.steps_per_epoch, loss.item()))
+        if self.active and loss is not None:
+            self.ctx.channel.post(Progress(epoch, step, self.spec.plan.steps_per_epoch,
+                                           loss.item()))
+        return True
 
     def epoch(self, row: dict[str, Any]) -> None:
         if self.active:

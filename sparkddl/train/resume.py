@@ -23,21 +23,29 @@ class Position:
     global_steps: int = 0
 
 
-def save(spec: Any, ctx: context.RankContext, module: Any, optimizer: Any, strategy: Any,
-         done_epochs: int, steps_into_next: int, global_steps: int, sums: Any) -> None:
-    """Collective: every rank calls it; rank 0 writes the file and tells the driver."""
+def save(spec: Any, ctx: context.RankContext, run: Any, done_epochs: int,
+         steps_into_next: int, global_steps: int, sums: Any) -> None:
+    """Collective: every rank calls it; rank 0 writes the file and tells the driver. ``run``
+    holds the module, optimizer, strategy and the optional scheduler and grad scaler."""
     import torch
 
+    strategy = run.strategy
+    model = strategy.full_state_dict(run.module)  # sharded strategies gather here
+    optimizer = strategy.optimizer_state_dict(run.module, run.raw_optimizer)
     mine = {"strategy": strategy.state_dict(), "rng": torch.get_rng_state(),
-            "sums": sums.detach().cpu().clone()}
+            "sums": sums.detach().cpu().clone(), "epoch_lr": float(run.epoch_lr)}
     if sums.is_cuda:  # dropout on the GPU draws from the device's generator
         mine["cuda_rng"] = torch.cuda.get_rng_state(sums.device)
     everyone = gather_to_chief(mine, ctx)
     if everyone is None:
         return
     payload = {"epoch": done_epochs, "step": steps_into_next, "global_steps": global_steps,
-               "model": {k: v.detach().cpu() for k, v in module.state_dict().items()},
-               "optimizer": optimizer.state_dict(), "ranks": everyone, "seed": spec.config.seed}
+               "model": {k: v.detach().cpu() for k, v in model.items()},
+               "optimizer": optimizer, "ranks": everyone, "seed": spec.config.seed}
+    if run.scheduler is not None:
+        payload["scheduler"] = run.scheduler.state_dict()
+    if run.scaler is not None:
+        payload["scaler"] = run.scaler.state_dict()
     store = Store.from_uri(spec.store_root)
     ref = checkpoint.save(store, spec.run_id, done_epochs, steps_into_next, payload,
                           spec.config.keep_checkpoints)
@@ -56,12 +64,16 @@ def load(spec: Any, ctx: context.RankContext, module: Any) -> tuple[dict[str, An
     return ckpt, pos
 
 
-def restore_rest(ckpt: dict[str, Any], ctx: context.RankContext, optimizer: Any,
-                 strategy: Any) -> dict[str, Any]:
-    """Optimizer and this rank's strategy state; returns this rank's saved extras."""
-    optimizer.load_state_dict(ckpt["optimizer"])
+def restore_rest(ckpt: dict[str, Any], ctx: context.RankContext, run: Any) -> dict[str, Any]:
+    """Optimizer, schedule, loss scale and this rank's strategy state; returns this rank's
+    saved extras."""
+    run.strategy.load_optimizer_state_dict(run.module, run.raw_optimizer, ckpt["optimizer"])
+    if run.scheduler is not None and "scheduler" in ckpt:
+        run.scheduler.load_state_dict(ckpt["scheduler"])
+    if run.scaler is not None and "scaler" in ckpt:
+        run.scaler.load_state_dict(ckpt["scaler"])
     mine = ckpt["ranks"][ctx.rank]
-    strategy.load_state_dict(mine["strategy"])
+    run.strategy.load_state_dict(mine["strategy"])
     return mine
 
 

@@ -7,6 +7,8 @@ from typing import Any, Callable
 from sparkddl.config import TrainConfig
 from sparkddl.data.plan import ShardPlan
 from sparkddl.train.components import OptimizerRecipe
+from sparkddl.train.optimization import SchedulerRecipe
+from sparkddl.train.steps import LossFn
 
 
 @dataclass
@@ -24,3 +26,10 @@ class TrainSpec:
     store_root: str
     progress_interval_s: float = 1.0
     resume_url: str | None = None  # the checkpoint to resume from, chosen by the driver
+    scheduler: SchedulerRecipe | None = None
+    step_fn: LossFn | None = None  # None: model(*features), loss(output, label)
+
+    def loss_fn(self) -> LossFn:
+        if self.step_fn is not None:
+            return self.step_fn
+        return LossFn(self.config.features, self.config.labels, (self.loss,))

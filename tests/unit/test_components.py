@@ -14,6 +14,7 @@ from sparkddl.ml.architecture import describe, importable_name
 from sparkddl.models import CNN, MLP, build_model
 from sparkddl.train.components import model_factory, optimizer_recipe, resolve_loss
 from sparkddl.train.metrics import accuracy, best_mode, resolve_metrics
+from sparkddl.train.steps import LossFn
 
 
 def test_optimizer_instance_is_rebuilt_with_every_setting():
@@ -78,16 +79,17 @@ def test_best_by_lists_valid_choices():
 
 def test_sample_check_explains_shape_and_label_mistakes():
     net = torch.nn.Linear(64, 10)
+    CE = LossFn(("x",), ("y",), (torch.nn.CrossEntropyLoss(),))
     good = {"x": np.zeros((4, 64), np.float32), "y": np.zeros(4, np.int64)}
-    assert check_sample(net, torch.nn.CrossEntropyLoss(), good, ("x",), "y").kind == "multiclass"
+    assert check_sample(net, CE, good).kind == "multiclass"
     narrow = {"x": np.zeros((4, 60), np.float32), "y": np.zeros(4, np.int64)}
     with pytest.raises(ConfigError, match=r"x: \[4, 60\] torch.float32.*input size"):
-        check_sample(net, torch.nn.CrossEntropyLoss(), narrow, ("x",), "y")
+        check_sample(net, CE, narrow)
     floats = {"x": np.zeros((4, 64), np.float32), "y": np.zeros(4, np.float32)}
     with pytest.raises(ConfigError, match="CrossEntropyLoss needs integer class labels"):
-        check_sample(net, torch.nn.CrossEntropyLoss(), floats, ("x",), "y")
+        check_sample(net, CE, floats)
     with pytest.raises(ConfigError, match=r"ranges over \[0, 12\] but the model outputs 10"):
-        check_sample(net, torch.nn.CrossEntropyLoss(), good, ("x",), "y", (0, 12))
+        check_sample(net, CE, good, (0, 12))
 
 
 def test_builtin_models_are_saved_by_import():

@@ -16,6 +16,7 @@ from sparkddl.launch.evaluation import SnapshotEvaluator
 from sparkddl.launch.monitor import StageMonitor
 from sparkddl.store import Store
 from sparkddl.train.metrics import resolve_metrics
+from sparkddl.train.steps import LossFn
 
 X = np.array([[1, 0], [0, 1], [2, 0], [0, 2]], dtype=np.float32)
 Y = np.array([0, 1, 0, 1], dtype=np.int64)
@@ -40,10 +41,12 @@ def val_data(tmp_path):
     return open_parquet(str(folder), DataSpec.of("x", "y"))
 
 
-def evaluator(tmp_path, patience: int = 2) -> SnapshotEvaluator:
-    return SnapshotEvaluator(lambda: torch.nn.Linear(2, 2), torch.nn.CrossEntropyLoss(),
-                             resolve_metrics(["accuracy"]), val_data(tmp_path), ("x",), "y",
-                             "val_loss", "min", patience, Store.from_uri(tmp_path), "run1")
+def evaluator(tmp_path, patience: int = 2, callbacks=None) -> SnapshotEvaluator:
+    return SnapshotEvaluator(lambda: torch.nn.Linear(2, 2),
+                             LossFn(("x",), ("y",), (torch.nn.CrossEntropyLoss(),)),
+                             resolve_metrics(["accuracy"]), val_data(tmp_path),
+                             "val_loss", "min", patience, Store.from_uri(tmp_path), "run1",
+                             callbacks=callbacks)
 
 
 def test_best_snapshot_history_and_early_stop(tmp_path):

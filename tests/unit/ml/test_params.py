@@ -43,9 +43,14 @@ def test_every_param_reaches_the_training_config():
                "progress": False, "checkpointEvery": 2, "checkpointEverySteps": 10,
                "keepCheckpoints": 5, "maxRestarts": 0, "runId": "r1", "watchdogTimeout": 30.0,
                "featuresCol": "f", "labelCol": "y", "metrics": ["mse"],
-               "featureShapes": {"f": [2, 2]}}
-    # the rest are passed to fit() directly (model, optimizer, loss) or used by the TorchModel
-    elsewhere = {"model", "optimizer", "loss", "predictionCol", "probabilityCol",
+               "featureShapes": {"f": [2, 2]}, "sampleWeightCol": "w",
+               "lrScheduler": "cosine", "lrSchedulerOptions": {"eta_min": 0.01},
+               "lrSchedulerInterval": "step", "precision": "bf16-mixed",
+               "backwardPassesPerStep": 2, "gradientClipNorm": 1.0, "gradientClipValue": 0.5,
+               "trainStep": len, "onNonFiniteLoss": "skip_batch"}
+    # the rest are passed to fit() directly (model, optimizer, loss, callbacks) or used by
+    # the TorchModel
+    elsewhere = {"model", "optimizer", "loss", "callbacks", "predictionCol", "probabilityCol",
                  "rawPredictionCol", "inferenceBatchSize"}
     assert set(changed) | elsewhere == {p.name for p in _estimator().params}
     for name, value in changed.items():

@@ -1,0 +1,63 @@
+"""User callbacks, run on the driver: ``on_fit_start(estimator)``, ``on_epoch_end(row)``
+(return True to stop training; the ranks agree on it after the same step, as with early
+stopping), ``on_snapshot(epoch, state_dict)`` and ``on_fit_end(model)``. A callback may
+define any subset. One that raises fails the fit with its name, except ``on_epoch_end`` and
+``on_snapshot``, which run while the ranks train: their errors are kept with the fit's
+evaluation errors and logged, and training goes on."""
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from sparkddl.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+HOOKS = ("on_fit_start", "on_epoch_end", "on_snapshot", "on_fit_end")
+
+
+class Callbacks:
+    def __init__(self, callbacks: Any):
+        if callbacks is None:
+            callbacks = []
+        elif not isinstance(callbacks, (list, tuple)):
+            callbacks = [callbacks]
+        for cb in callbacks:
+            if not any(callable(getattr(cb, h, None)) for h in HOOKS):
+                raise ConfigError(f"callback {cb!r} has none of the hooks {', '.join(HOOKS)}; "
+                                  "define at least one as a method")
+        self.items = list(callbacks)
+        self.errors: list[str] = []  # from hooks that run while the ranks train
+
+    def __bool__(self) -> bool:
+        return bool(self.items)
+
+    def _call(self, hook: str, *args: Any, guarded: bool = False) -> list[Any]:
+        out = []
+        for cb in self.items:
+            fn = getattr(cb, hook, None)
+            if not callable(fn):
+                continue
+            if not guarded:
+                out.append(fn(*args))
+                continue
+            try:  # runs while the ranks train: they go on; the fit reports the error
+                out.append(fn(*args))
+            except Exception as exc:  # noqa: BLE001
+                log.exception("callback %s.%s failed", type(cb).__name__, hook)
+                self.errors.append(f"callback {type(cb).__name__}.{hook}: "
+                                   f"{type(exc).__name__}: {exc}")
+        return out
+
+    def fit_start(self, estimator: Any) -> None:
+        self._call("on_fit_start", estimator)
+
+    def epoch_end(self, row: dict[str, Any]) -> bool:
+        """True when any callback asks to stop."""
+        return any(r is True for r in self._call("on_epoch_end", dict(row), guarded=True))
+
+    def snapshot(self, epoch: int, state: dict[str, Any]) -> None:
+        self._call("on_snapshot", epoch, state, guarded=True)
+
+    def fit_end(self, model: Any) -> None:
+        self._call("on_fit_end", model)
