@@ -8,12 +8,14 @@ from sparkddl.strategies.allreduce import AllReduce
 from sparkddl.strategies.base import Strategy
 from sparkddl.strategies.comm import CommStats
 from sparkddl.strategies.dynamic import DynamicAveraging
+from sparkddl.strategies.fsdp import FullyShardedDataParallel
 from sparkddl.strategies.gossip import Gossip
 from sparkddl.strategies.local_sgd import LocalSGD
 from sparkddl.strategies.ssp import StaleSynchronous
 
 REGISTRY: dict[str, type[Strategy]] = {
-    cls.name: cls for cls in (AllReduce, LocalSGD, DynamicAveraging, Gossip, StaleSynchronous)}
+    cls.name: cls for cls in (AllReduce, LocalSGD, DynamicAveraging, Gossip, StaleSynchronous,
+                              FullyShardedDataParallel)}
 
 __all__ = ["CommStats", "REGISTRY", "Strategy", "create"]
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from sparkddl import ConfigError, TorchEstimator
+from sparkddl.strategies.fsdp import fsdp_problem
 from sparkddl.strategies.ssp import store_queue_problem
 from tests.integration.digits import accuracy, digits_df, mlp
 
@@ -21,6 +22,7 @@ CASES = {
     "dynamic_averaging": ("dynamic_averaging", {"threshold": 0.01, "check_every": 4}),
     "gossip": ("gossip", {"topology": "ring"}),
     "ssp": ("ssp", {"staleness": 2}),
+    "fsdp": ("fsdp", {"min_params": 1000}),  # each Linear a shard unit of its own
 }
 
 
@@ -35,8 +37,11 @@ def digits_split(spark_local):
 def test_strategy_trains_digits(spark_local, digits_split, tmp_path, case):
     name, options = CASES[case]
     train, test = digits_split
-    if name == "ssp" and store_queue_problem():  # the oldest stack's torch
-        with pytest.raises(ConfigError, match="strategy='ssp' needs TCPStore.queue_push"):
+    refused = {"ssp": (store_queue_problem(), "strategy='ssp' needs TCPStore.queue_push"),
+               "fsdp": (fsdp_problem("cpu"), r"strategy='fsdp' runs on CUDA only with torch")}
+    problem, message = refused.get(name, (None, ""))
+    if problem:  # the oldest stack's torch
+        with pytest.raises(ConfigError, match=message):
             TorchEstimator(model=mlp(), optimizer=lambda p: torch.optim.Adam(p, lr=3e-3),
                            loss=torch.nn.CrossEntropyLoss(), numWorkers=2, store=str(tmp_path),
                            strategy=name, strategyOptions=options, progress=False).fit(train)
