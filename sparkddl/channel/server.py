@@ -1,10 +1,13 @@
 """Driver end of the channel: an authenticated TCP server that ranks report to."""
 from __future__ import annotations
 
+import collections
+import errno
 import functools
 import logging
 import socket
 import threading
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -15,6 +18,12 @@ log = logging.getLogger(__name__)
 
 HANDSHAKE_TIMEOUT_S = 10.0
 CLOSE_JOIN_S = 2.0
+# connections accepted but not yet authenticated: beyond this, the oldest is dropped, so a
+# flood of idle connections holds a bounded number of threads and sockets, and a rank that
+# connects during one still gets its handshake (a rank's takes milliseconds)
+MAX_PENDING = 64
+ACCEPT_RETRY_S = 0.05
+REJECTIONS_LOGGED = 10  # then one line per 1,000
 
 
 @dataclass
@@ -69,6 +78,7 @@ class DriverChannel:
         self.port = self._listener.getsockname()[1]
         self.host = advertise_host or socket.gethostname()
         self._conns: list[_Connection] = []
+        self._pending: collections.OrderedDict[_Connection, None] = collections.OrderedDict()
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -112,17 +122,51 @@ class DriverChannel:
             thread.join(CLOSE_JOIN_S)
 
     def _accept_loop(self) -> None:
+        """Accept until closed; no error ends it (out of file descriptors or threads, a
+        failing peer): it is logged, and accepting goes on."""
         while not self._closed.is_set():
             try:
                 sock, addr = self._listener.accept()
-            except OSError:
-                return
-            conn = _Connection(sock, f"{addr[0]}:{addr[1]}")
-            thread = threading.Thread(target=self._serve, args=(conn,), daemon=True,
-                                      name=f"sparkddl-channel-{conn.peer}")
-            with self._lock:
-                self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+            except OSError as exc:
+                if self._closed.is_set():
+                    return
+                log.warning("channel: accept failed (%s); retrying", exc)
+                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    self._evict_oldest()  # free a descriptor held by an idle stranger
+                time.sleep(ACCEPT_RETRY_S)
+                continue
+            try:
+                self._admit(sock, f"{addr[0]}:{addr[1]}")
+            except Exception as exc:  # noqa: BLE001 - e.g. no thread could be started
+                log.warning("channel: could not serve a connection from %s:%s (%s)",
+                            addr[0], addr[1], exc)
+                _close_quietly(sock)
+                time.sleep(ACCEPT_RETRY_S)
+
+    def _admit(self, sock: socket.socket, peer: str) -> None:
+        conn = _Connection(sock, peer)
+        with self._lock:
+            while len(self._pending) >= MAX_PENDING:
+                oldest, _ = self._pending.popitem(last=False)
+                _drop(oldest.sock)  # its thread ends with a rejected handshake
+            self._pending[conn] = None
+        thread = threading.Thread(target=self._serve, args=(conn,), daemon=True,
+                                  name=f"sparkddl-channel-{conn.peer}")
+        with self._lock:
+            self._threads = [t for t in self._threads if t.is_alive()] + [thread]
+        try:
             thread.start()
+        except BaseException:
+            with self._lock:
+                self._pending.pop(conn, None)
+            raise
+
+    def _evict_oldest(self) -> None:
+        with self._lock:
+            if not self._pending:
+                return
+            oldest, _ = self._pending.popitem(last=False)
+        _drop(oldest.sock)
 
     def _serve(self, conn: _Connection) -> None:
         try:
@@ -136,6 +180,9 @@ class DriverChannel:
         except (OSError, protocol.ProtocolError) as exc:
             self._reject(conn, exc)
             return
+        finally:
+            with self._lock:
+                self._pending.pop(conn, None)
         with self._lock:
             self._conns.append(conn)
         reply = functools.partial(_send_quietly, conn)
@@ -165,9 +212,13 @@ class DriverChannel:
     def _reject(self, conn: _Connection, exc: Exception) -> None:
         if self._closed.is_set():
             return
-        self.rejected += 1
+        with self._lock:
+            self.rejected += 1
+            count = self.rejected
         who = f"rank {conn.rank}" if conn.rank >= 0 else conn.peer
-        log.warning("channel dropped a connection from %s: %s", who, exc)
+        if count <= REJECTIONS_LOGGED or count % 1000 == 0:
+            more = f" ({count} dropped so far)" if count > REJECTIONS_LOGGED else ""
+            log.warning("channel dropped a connection from %s: %s%s", who, exc, more)
         _close_quietly(conn.sock)
 
 
@@ -176,6 +227,15 @@ def _send_quietly(conn: _Connection, header: dict[str, Any]) -> None:
         conn.send(header)
     except OSError as exc:  # the rank went away; its task failure is reported elsewhere
         log.debug("could not send %s to rank %d: %s", header.get("type"), conn.rank, exc)
+
+
+def _drop(sock: socket.socket) -> None:
+    """Wake the thread blocked reading ``sock`` (a close alone does not), then close it."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    _close_quietly(sock)
 
 
 def _close_quietly(sock: socket.socket) -> None:

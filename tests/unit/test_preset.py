@@ -107,3 +107,21 @@ def test_a_typo_in_a_preset_file_is_one_line_and_exit_2(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "unknown key 'optimizer.learning_rate'; keys of [optimizer]: name, lr, kwargs" in err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_training_loop_knobs_are_preset_keys():
+    cfg = preset.load(None, [
+        'train.lr_scheduler="cosine"', "train.lr_scheduler_options.eta_min=0.001",
+        'train.lr_scheduler_interval="step"', 'train.precision="bf16-mixed"',
+        "train.backward_passes_per_step=2", "train.gradient_clip_norm=1.0",
+        'train.on_non_finite_loss="skip_batch"', 'data.label=["label", "y2"]',
+        'data.sample_weight="w"'])
+    t = cfg.train_config()
+    assert (t.lr_scheduler, t.lr_scheduler_options, t.lr_scheduler_interval) == (
+        "cosine", {"eta_min": 0.001}, "step")
+    assert (t.precision, t.backward_passes_per_step, t.gradient_clip_norm) == (
+        "bf16-mixed", 2, 1.0)
+    assert t.labels == ("label", "y2") and t.sample_weight == "w"
+    assert t.on_non_finite_loss == "skip_batch"
+    with pytest.raises(ConfigError, match="'train.precision' must be a string"):
+        preset.load(None, ["train.precision=16"])

@@ -136,3 +136,75 @@ def test_silent_connection_times_out_of_the_handshake(monkeypatch):
             time.sleep(0.01)
         assert server.rejected == 1
         sock.close()
+
+
+def _channel_threads() -> int:
+    return sum(t.name.startswith("sparkddl-channel-") for t in threading.enumerate())
+
+
+def _eventually(predicate, timeout=10.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+@pytest.mark.timeout(120)
+def test_ranks_join_during_a_flood_of_idle_connections(server):
+    """Strangers open connections and never speak: at most MAX_PENDING of them wait for a
+    handshake (the oldest is dropped), so threads stay bounded and ranks still join."""
+    from sparkddl.channel.server import MAX_PENDING
+    before = _channel_threads()
+    idle, stop, peak = [], threading.Event(), [0]
+
+    def flood():
+        while not stop.is_set() and len(idle) < 800:
+            idle.append(socket.create_connection(("127.0.0.1", server.port)))
+
+    flooder = threading.Thread(target=flood)
+    flooder.start()
+    try:
+        joined = 0
+        while flooder.is_alive() or joined < 5:
+            client = RankChannel("127.0.0.1", server.port, server.secret, rank=joined)
+            client.send({"type": "metric", "i": joined})
+            assert client.flush(10)
+            client.close()
+            joined += 1
+            assert len(server._pending) <= MAX_PENDING
+            peak[0] = max(peak[0], _channel_threads() - before)
+        server.inbox.wait_for(lambda msgs: sum(m.type == "metric" for m in msgs) == joined)
+    finally:
+        stop.set()
+        flooder.join()
+        for sock in idle:
+            sock.close()
+    assert len(idle) == 800 and joined >= 5
+    # one thread per connection would have meant 800; dropped ones end as they are dropped
+    assert peak[0] < len(idle) / 5, peak
+    # every stranger is dropped exactly once (evicted, or its end closed), no rank is
+    assert _eventually(lambda: server.rejected == len(idle)), server.rejected
+    assert _eventually(lambda: _channel_threads() <= before)
+
+
+@pytest.mark.timeout(60)
+def test_the_accept_loop_survives_an_error_serving_a_connection(server, monkeypatch):
+    real, failures = DriverChannel._admit, []
+
+    def fail_once(self, sock, peer):
+        if not failures:
+            failures.append(peer)
+            raise RuntimeError("can't start new thread")
+        return real(self, sock, peer)
+
+    monkeypatch.setattr(DriverChannel, "_admit", fail_once)
+    first = socket.create_connection(("127.0.0.1", server.port))
+    assert first.recv(1) == b""  # closed by the driver: it could not serve it
+    client = RankChannel("127.0.0.1", server.port, server.secret, rank=0)
+    client.send({"type": "metric", "i": 0})
+    assert client.flush(10)
+    server.inbox.wait_for(lambda msgs: any(m.type == "metric" for m in msgs))
+    assert failures and server._thread.is_alive()
+    client.close()
