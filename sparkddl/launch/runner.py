@@ -2,11 +2,14 @@
 from __future__ import annotations
 
 import logging
+import os
 from typing import Any, Callable
 
 from sparkddl.config import optional_positive_int, positive_seconds
+from sparkddl.errors import ConfigError
 from sparkddl.launch import preflight
 from sparkddl.launch.launcher import launch_ranks, new_run_id
+from sparkddl.task.script import Script, script
 
 log = logging.getLogger(__name__)
 
@@ -19,10 +22,14 @@ def spark_session(spark: Any = None) -> Any:
     return SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
 
 
-def run(fn: Callable[..., Any], *args: Any, num_workers: int | None = None, use_gpu: bool = False,
-        timeout: float | None = None, spark: Any = None, torch_threads: int | None = None,
-        **kwargs: Any) -> Any:
+def run(fn: Callable[..., Any] | str | os.PathLike, *args: Any, num_workers: int | None = None,
+        use_gpu: bool = False, timeout: float | None = None, spark: Any = None,
+        torch_threads: int | None = None, **kwargs: Any) -> Any:
     """Run ``fn(*args, **kwargs)`` on ``num_workers`` ranks and return rank 0's return value.
+
+    ``fn`` may also be the path of a Python file: it runs as ``__main__`` on every rank with
+    ``sys.argv = [path, *args]`` (strings, as with torchrun), and the run returns None; a
+    non-zero exit status fails it like an exception (see :mod:`sparkddl.task.script`).
 
     Each rank runs inside its own task of one Spark barrier stage, with the environment a
     torchrun script expects (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
@@ -42,6 +49,11 @@ def run(fn: Callable[..., Any], *args: Any, num_workers: int | None = None, use_
         ConfigError / ClusterError before anything starts; TrainingFailedError, naming the
         failing rank(s) with their tracebacks, as soon as a rank fails or time runs out.
     """
+    if isinstance(fn, (str, os.PathLike)):
+        if kwargs:
+            raise ConfigError(f"a script takes command-line arguments only, not keyword "
+                              f"arguments ({', '.join(kwargs)})")
+        fn, args = script(fn, args), ()
     sc = spark_session(spark).sparkContext
     if num_workers is None:
         num_workers = preflight.available_workers(
@@ -51,7 +63,8 @@ def run(fn: Callable[..., Any], *args: Any, num_workers: int | None = None, use_
     optional_positive_int("torch_threads", torch_threads)
     preflight.check_cluster(sc, num_workers, use_gpu)
     run_id = new_run_id()
-    name = getattr(fn, "__qualname__", type(fn).__name__)
+    name = (os.path.basename(fn.path) if isinstance(fn, Script)
+            else getattr(fn, "__qualname__", type(fn).__name__))
     log.info("run %s: starting %s on %d rank(s)", run_id, name, num_workers)
     return launch_ranks(sc, fn, args, kwargs, num_workers=num_workers, run_id=run_id,
                         use_gpu=use_gpu, timeout_s=timeout, torch_threads=torch_threads,
