@@ -19,6 +19,7 @@ _EXPORTS = {
     "TorchEstimator": "sparkddl.ml", "TorchModel": "sparkddl.ml",
     "trusted_loading": "sparkddl.ml", "run": "sparkddl.launch.runner",
     "device": "sparkddl.task.dist", "init_process_group": "sparkddl.task.dist",
+    "TorchDistributor": "sparkddl.distributor", "NonFiniteLossError": "sparkddl.errors",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

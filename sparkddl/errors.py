@@ -16,8 +16,9 @@ class ConfigError(SparkDDLError, ValueError):
     """An argument, Param or config value is invalid."""
 
 
-class ClusterError(SparkDDLError):
-    """The Spark cluster cannot run the requested barrier stage as configured."""
+class ClusterError(SparkDDLError, RuntimeError):
+    """The Spark cluster cannot run the requested barrier stage as configured (a
+    RuntimeError too, as pyspark's TorchDistributor raises for the same causes)."""
 
 
 class DataError(SparkDDLError, ValueError):

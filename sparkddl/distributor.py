@@ -1,0 +1,77 @@
+"""``sparkddl.TorchDistributor``: pyspark's ``TorchDistributor`` API on sparkddl's launch
+path, so that migrating is an import change.
+
+``TorchDistributor(num_processes, local_mode, use_gpu).run(fn_or_script, *args)`` returns
+rank 0's return value for a function and None for a script, like pyspark's. Distributed
+mode (``local_mode=False``) is :func:`sparkddl.run` with ``num_workers=num_processes``: one
+barrier task per process, each with its own GPU where ``use_gpu``; failures surface at once
+with the rank's traceback. ``local_mode=True`` starts the processes on the driver's host
+(:mod:`sparkddl.launch.local`), as pyspark does.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+from sparkddl.errors import ClusterError, ConfigError
+from sparkddl.launch import preflight
+from sparkddl.launch.local import run_local
+from sparkddl.launch.runner import run, spark_session
+from sparkddl.task.script import script
+
+SSL_KEY = "pytorch.spark.distributor.ignoreSsl"
+
+
+class TorchDistributor:
+    """Distributed PyTorch training on Spark, with pyspark's constructor and ``run``."""
+
+    def __init__(self, num_processes: int = 1, local_mode: bool = True, use_gpu: bool = True,
+                 _ssl_conf: str = SSL_KEY, spark: Any = None):
+        if isinstance(num_processes, bool) or not isinstance(num_processes, int) or \
+                num_processes < 1:
+            raise ConfigError(f"num_processes must be a positive integer, got "
+                              f"{num_processes!r}")
+        self.num_processes, self.local_mode, self.use_gpu = num_processes, local_mode, use_gpu
+        self.spark = spark_session(spark)
+        self.ssl_conf = _ssl_conf
+        self.input_params = {"num_processes": num_processes, "local_mode": local_mode,
+                             "use_gpu": use_gpu, "num_tasks": num_processes}
+        self._check_encryption()
+        if use_gpu and local_mode:
+            self._check_driver_gpus()
+        elif use_gpu:
+            preflight.check_cluster(self.spark.sparkContext, num_processes, True)
+
+    def _check_encryption(self) -> None:
+        """torch.distributed traffic is not encrypted: with Spark's SSL on, refuse unless
+        the user says so (the same key as pyspark's)."""
+        conf = self.spark.sparkContext.getConf()
+        if conf.get("spark.ssl.enabled", "false").lower() == "true" and \
+                conf.get(self.ssl_conf, "false").lower() != "true":
+            raise ClusterError(
+                "spark.ssl.enabled is true, but the ranks' torch.distributed traffic is not "
+                f"encrypted; set {self.ssl_conf}=true to train anyway, on a network you trust")
+
+    def _check_driver_gpus(self) -> None:
+        import torch
+        found = torch.cuda.device_count()
+        if found < 1:
+            raise ClusterError(
+                "use_gpu=True with local_mode=True needs GPUs on the driver, but torch sees "
+                f"none (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); "
+                "pass use_gpu=False, or local_mode=False to train on the executors' GPUs")
+        if found < self.num_processes:
+            raise ClusterError(f"{self.num_processes} processes need as many GPUs on the "
+                               f"driver, but it has {found}; lower num_processes")
+
+    def run(self, train_object: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> Any:
+        """Run ``train_object(*args)`` (or the script with ``args`` as its command line) on
+        ``num_processes`` processes; rank 0's return value (None for a script)."""
+        if self.local_mode:
+            if isinstance(train_object, (str, os.PathLike)):
+                train_object, args = script(train_object, tuple(str(a) for a in args)), ()
+            return run_local(train_object, args, kwargs, self.num_processes, self.use_gpu)
+        if isinstance(train_object, (str, os.PathLike)):
+            args = tuple(str(a) for a in args)  # pyspark converts them too
+        return run(train_object, *args, num_workers=self.num_processes, use_gpu=self.use_gpu,
+                   spark=self.spark, **kwargs)

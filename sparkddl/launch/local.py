@@ -1,0 +1,133 @@
+"""Ranks as processes on the driver's own host, no Spark stage: ``TorchDistributor``'s
+``local_mode=True``.
+
+The driver opens the run's TCPStore on port 0 (no port race) and starts N Python processes
+with the torchrun environment pointing at it; each runs the function (or script) and writes
+its outcome to a file of its own: rank 0's return value, or any rank's traceback. Their
+output reaches the driver's stdout prefixed ``[rank N]``. The first rank to fail ends the
+run: the others are killed at once and the error names the rank with its traceback.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from sparkddl.errors import RankFailure, TrainingFailedError
+from sparkddl.launch.pickling import serialize_call
+
+POLL_S = 0.05
+KILL_WAIT_S = 5.0
+
+
+def run_local(fn: Any, args: tuple, kwargs: dict, num_processes: int, use_gpu: bool,
+              timeout_s: float | None = None) -> Any:
+    import torch.distributed as dist
+    from pyspark import cloudpickle
+
+    payload = serialize_call(fn, args, kwargs)
+    store = dist.TCPStore("127.0.0.1", 0, num_processes + 1, is_master=True,
+                          wait_for_workers=False)
+    with tempfile.TemporaryDirectory(prefix="sparkddl-local-") as folder:
+        call = Path(folder, "call.pkl")
+        call.write_bytes(payload)
+        procs = [_start(rank, num_processes, store.port, call, folder, use_gpu)
+                 for rank in range(num_processes)]
+        relays = [threading.Thread(target=_relay, args=(p, rank), daemon=True)
+                  for rank, p in enumerate(procs)]
+        for t in relays:
+            t.start()
+        try:
+            failure = _wait(procs, folder, timeout_s)
+        finally:
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+            for p in procs:
+                p.wait(KILL_WAIT_S)
+            for t in relays:
+                t.join(KILL_WAIT_S)
+        if failure is not None:
+            raise failure
+        result = Path(folder, "result-0.pkl")
+        return cloudpickle.loads(result.read_bytes()) if result.exists() else None
+
+
+def _start(rank: int, world: int, port: int, call: Path, folder: str,
+           use_gpu: bool) -> subprocess.Popen:
+    env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+           "LOCAL_WORLD_SIZE": str(world), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+           "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True",
+           "SPARKDDL_USE_GPU": "1" if use_gpu else "0", "PYTHONUNBUFFERED": "1"}
+    return subprocess.Popen([sys.executable, "-m", "sparkddl.launch.local", str(call), folder],
+                            env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            cwd=os.getcwd())
+
+
+def _relay(proc: subprocess.Popen, rank: int) -> None:
+    for line in iter(proc.stdout.readline, b""):
+        sys.stdout.write(f"[rank {rank}] {line.decode(errors='replace')}")
+        sys.stdout.flush()
+
+
+def _wait(procs: list[subprocess.Popen], folder: str,
+          timeout_s: float | None) -> TrainingFailedError | None:
+    deadline = None if timeout_s is None else time.monotonic() + timeout_s
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
+        if failed:  # the first to fail, by the time its report was written
+            failed.sort(key=lambda r: _reported_at(folder, r))
+            return TrainingFailedError([_failure(folder, r, codes[r]) for r in failed[:1]],
+                                       reason="local training failed")
+        if all(c == 0 for c in codes):
+            return None
+        if deadline is not None and time.monotonic() > deadline:
+            return TrainingFailedError([], reason=f"local training did not finish within "
+                                                  f"{timeout_s:g} s")
+        time.sleep(POLL_S)
+
+
+def _reported_at(folder: str, rank: int) -> float:
+    path = Path(folder, f"error-{rank}.txt")
+    return path.stat().st_mtime if path.exists() else float("inf")
+
+
+def _failure(folder: str, rank: int, code: int) -> RankFailure:
+    path = Path(folder, f"error-{rank}.txt")
+    if path.exists():
+        message, _, tb = path.read_text().partition("\n")
+        return RankFailure(rank, message, tb)
+    return RankFailure(rank, f"the process exited with status {code} without a report")
+
+
+def _main(call: str, folder: str) -> None:
+    """A rank's process: run the call, write the outcome, leave without interpreter
+    teardown (a process group's destructor can block it on old torch)."""
+    import traceback
+
+    from pyspark import cloudpickle
+
+    rank = int(os.environ["RANK"])
+    code = 0
+    try:
+        fn, args, kwargs = cloudpickle.loads(Path(call).read_bytes())
+        value = fn(*args, **kwargs)
+        if rank == 0:
+            Path(folder, "result-0.pkl").write_bytes(cloudpickle.dumps(value))
+    except BaseException as exc:  # noqa: BLE001 - reported to the driver
+        code = 1
+        Path(folder, f"error-{rank}.txt").write_text(
+            f"{type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
+if __name__ == "__main__":
+    _main(sys.argv[1], sys.argv[2])

@@ -1,0 +1,141 @@
+"""``sparkddl.TorchDistributor``: pyspark's TorchDistributor tests that apply to a drop-in
+(python/pyspark/ml/torch/tests/test_distributor.py in Apache Spark), ported, plus the
+behaviour those tests stub out (the processes really run here). Differences: see README."""
+from __future__ import annotations
+
+import os
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from sparkddl import ClusterError, TorchDistributor, TrainingFailedError
+
+
+def allreduce_rank_sum(scale: float) -> dict:
+    import torch
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    t = torch.tensor([scale * (dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    return {"sum": t.item(), "rank": dist.get_rank(), "world": dist.get_world_size(),
+            "env": {k: os.environ[k] for k in ("LOCAL_RANK", "LOCAL_WORLD_SIZE")},
+            "ppid": os.getppid()}
+
+
+def fails_on_rank_1() -> None:
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    if dist.get_rank() == 1:
+        raise ValueError("rank 1 cannot train")
+    dist.barrier()  # rank 0 waits here for a peer that is gone
+
+
+@pytest.fixture
+def conf(spark_local):
+    """Set Spark conf keys for one test, restoring them after (the session is shared)."""
+    sc_conf = spark_local.sparkContext._conf
+    saved = {}
+
+    def set_(key, value):
+        saved.setdefault(key, sc_conf.get(key, None))
+        sc_conf.set(key, value)
+
+    yield set_
+    for key, value in saved.items():
+        if value is None:  # SparkConf has no remove: its JVM side does
+            sc_conf._jconf.remove(key)
+        else:
+            sc_conf.set(key, value)
+
+
+@pytest.mark.parametrize("num_processes, local_mode, use_gpu", [
+    (1, True, False), (100, True, False), (1, False, False), (100, False, False)])
+def test_validate_correct_inputs(spark_local, num_processes, local_mode, use_gpu):
+    dist = TorchDistributor(num_processes, local_mode, use_gpu)
+    assert dist.input_params == {"num_processes": num_processes, "local_mode": local_mode,
+                                 "use_gpu": use_gpu, "num_tasks": num_processes}
+
+
+def test_validate_incorrect_inputs(spark_local):
+    with pytest.raises(ValueError, match="positive"):
+        TorchDistributor(0, False, False)
+
+
+@pytest.mark.parametrize("ssl, ignore", [("false", "true"), ("false", "false"),
+                                         ("true", "true")])
+def test_encryption_passes(spark_local, conf, ssl, ignore):
+    conf("spark.ssl.enabled", ssl)
+    conf("pytorch.spark.distributor.ignoreSsl", ignore)
+    TorchDistributor(1, True, False)._check_encryption()
+
+
+def test_encryption_fails(spark_local, conf):
+    conf("spark.ssl.enabled", "true")
+    conf("pytorch.spark.distributor.ignoreSsl", "false")
+    with pytest.raises(RuntimeError, match="encrypted"):
+        TorchDistributor(1, True, False)
+
+
+@pytest.mark.parametrize("num_processes", [1, 5, 4])
+def test_get_num_tasks_fails_without_gpus(spark_local, num_processes):
+    with pytest.raises(RuntimeError, match="driver"):
+        TorchDistributor(num_processes, True, True)
+    with pytest.raises(RuntimeError, match="unset"):
+        TorchDistributor(num_processes, False, True)
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("local_mode", [True, False])
+def test_a_function_trains_on_every_process_and_rank_0_answers(spark_local, local_mode):
+    got = TorchDistributor(2, local_mode, False).run(allreduce_rank_sum, 1.5)
+    assert got["sum"] == pytest.approx(1.5 + 3.0) and (got["rank"], got["world"]) == (0, 2)
+    assert got["env"] == {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
+    # local mode: the driver started the processes; else they are Spark's Python workers
+    assert (got["ppid"] == os.getpid()) == local_mode
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("local_mode", [True, False])
+def test_a_script_runs_with_its_arguments_and_returns_none(spark_local, tmp_path, local_mode):
+    out = tmp_path / "out"
+    out.mkdir()
+    path = tmp_path / "train.py"
+    path.write_text(textwrap.dedent('''
+        import sys, os
+        import torch.distributed as dist
+        dist.init_process_group("gloo")
+        with open(os.path.join(sys.argv[2], f"rank{dist.get_rank()}"), "w") as f:
+            f.write(" ".join(sys.argv[1:]))
+        '''))
+    assert TorchDistributor(2, local_mode, False).run(str(path), 7, str(out)) is None
+    assert sorted(p.name for p in out.iterdir()) == ["rank0", "rank1"]
+    assert (out / "rank1").read_text() == f"7 {out}"  # numbers given as arguments: strings
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("local_mode", [True, False])
+def test_a_failing_process_fails_the_run_at_once_naming_it(spark_local, local_mode):
+    started = time.monotonic()
+    with pytest.raises(TrainingFailedError) as info:
+        TorchDistributor(2, local_mode, False).run(fails_on_rank_1)
+    assert info.value.failures[0].rank == 1
+    assert "ValueError: rank 1 cannot train" in str(info.value)
+    assert "raise ValueError" in info.value.failures[0].traceback
+    assert time.monotonic() - started < 60  # not the barrier's 30-minute timeout
+    assert not _local_ranks_alive()  # rank 0, blocked in its barrier, was killed
+
+
+def _local_ranks_alive() -> list[int]:
+    """This process's children that are local-mode ranks."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            cmdline = (stat.parent / "cmdline").read_bytes()
+        except (OSError, ValueError, IndexError):
+            continue
+        if ppid == os.getpid() and b"sparkddl.launch.local" in cmdline:
+            found.append(int(stat.parent.name))
+    return found
