@@ -15,6 +15,7 @@ from typing import Any, Callable
 
 from sparkddl.errors import ClusterError, ConfigError
 from sparkddl.launch import preflight
+from sparkddl.launch.connect import cluster_context
 from sparkddl.launch.local import run_local
 from sparkddl.launch.runner import run, spark_session
 from sparkddl.task.script import script
@@ -40,12 +41,12 @@ class TorchDistributor:
         if use_gpu and local_mode:
             self._check_driver_gpus()
         elif use_gpu:
-            preflight.check_cluster(self.spark.sparkContext, num_processes, True)
+            preflight.check_cluster(cluster_context(self.spark), num_processes, True)
 
     def _check_encryption(self) -> None:
         """torch.distributed traffic is not encrypted: with Spark's SSL on, refuse unless
         the user says so (the same key as pyspark's)."""
-        conf = self.spark.sparkContext.getConf()
+        conf = cluster_context(self.spark).getConf()
         if conf.get("spark.ssl.enabled", "false").lower() == "true" and \
                 conf.get(self.ssl_conf, "false").lower() != "true":
             raise ClusterError(

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LOCAL = "local[2]"
 CLUSTER = "local-cluster[2,1,1024]"
 MASTERS = {"local": LOCAL, "cluster": CLUSTER}
+CONNECT = "connect"
 
 # executors run this venv's Python and can import the tests package (functions defined in
 # test modules are pickled by reference)
@@ -29,11 +30,19 @@ _state: dict = {"master": None, "session": None}
 
 
 def spark_session(master: str):
-    """The shared session for ``master``, stopping the other one if it is running."""
+    """The shared session for ``master``, stopping the other one if it is running.
+    ``connect``: a Spark Connect client of a local Connect server on local[2]."""
     if _state["master"] == master:
         return _state["session"]
     stop_spark()
     from pyspark.sql import SparkSession
+    if master == CONNECT:
+        spark = (SparkSession.builder.remote(LOCAL).appName("sparkddl-tests")
+                 .config("spark.ui.enabled", "false")
+                 .config("spark.ui.showConsoleProgress", "false")
+                 .getOrCreate())
+        _state.update(master=master, session=spark)
+        return spark
     spark = (SparkSession.builder.master(master).appName("sparkddl-tests")
              .config("spark.ui.enabled", "false")
              .config("spark.ui.showConsoleProgress", "false")
@@ -61,6 +70,14 @@ def spark_cluster():
     return spark_session(CLUSTER)
 
 
+@pytest.fixture
+def spark_connect():
+    """A Spark Connect session (no SparkContext on the client), last in the run."""
+    pytest.importorskip("grpc", reason="the Spark Connect client packages (extra 'connect') "
+                                       "are not installed")
+    return spark_session(CONNECT)
+
+
 @pytest.fixture(params=["local", "cluster"])
 def spark(request):
     """Runs the test once on local[2] and once on local-cluster[2,1,1024]."""
@@ -70,6 +87,8 @@ def spark(request):
 def _order(item: pytest.Item) -> int:
     names = getattr(item, "fixturenames", ())
     param = getattr(getattr(item, "callspec", None), "params", {}).get("spark")
+    if "spark_connect" in names:
+        return 4
     if "spark_cluster" in names or param == "cluster":
         return 3
     if "spark_local" in names or param == "local":

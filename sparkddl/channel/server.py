@@ -216,7 +216,10 @@ class DriverChannel:
             self.rejected += 1
             count = self.rejected
         who = f"rank {conn.rank}" if conn.rank >= 0 else conn.peer
-        if count <= REJECTIONS_LOGGED or count % 1000 == 0:
+        if conn.rank < 0 and isinstance(exc, ConnectionError):
+            # closed before authenticating: a reachability probe or a port scan
+            log.debug("channel: %s closed before its handshake (%s)", who, exc)
+        elif count <= REJECTIONS_LOGGED or count % 1000 == 0:
             more = f" ({count} dropped so far)" if count > REJECTIONS_LOGGED else ""
             log.warning("channel dropped a connection from %s: %s%s", who, exc, more)
         _close_quietly(conn.sock)

@@ -7,6 +7,7 @@ turn each case into a clear error while nothing is running yet.
 from __future__ import annotations
 
 import logging
+import os
 import re
 import time
 from dataclasses import dataclass
@@ -169,6 +170,12 @@ def task_slots(sc: Any, profile: Any = None) -> int:
 
 def available_workers(sc: Any, wanted: int | None = None, profile: Any = None) -> int:
     """Every task slot (or ``wanted``, if fewer); a ClusterError when there is none yet."""
+    if _is_connect(sc):
+        slots = master_slots(sc.master)
+        if slots is None:
+            raise ClusterError(f"on Spark Connect the client cannot count the task slots of "
+                               f"{sc.master or 'the cluster'}; pass num_workers")
+        return slots if wanted is None else min(wanted, slots)
     slots = task_slots(sc, profile)
     if slots < 1:
         raise ClusterError(f"the cluster ({sc.master}) has no task slots yet (no executor "
@@ -224,13 +231,40 @@ def cluster_gpu_stage(sc: Any, use_gpu: bool) -> GpuStage | None:
 
 
 def stage_profile(sc: Any, use_gpu: bool) -> Any:
-    """The resource profile the training stage is launched with (None: the default)."""
+    """The resource profile the training stage is launched with (None: the default; always
+    on Spark Connect, whose DataFrame stages take the session's task resources)."""
+    if _is_connect(sc):
+        return None
     return training_profile(sc, cluster_gpu_stage(sc, use_gpu))
+
+
+def master_slots(master: str) -> int | None:
+    """Task slots a local master has by its name (local[N], local[*], local-cluster)."""
+    shape = local_cluster(master)
+    if shape:
+        return shape[0] * shape[1]
+    if master == "local":
+        return 1
+    found = re.fullmatch(r"local\[(\d+|\*)(?:\s*,\s*\d+)?\]", master)
+    if not found:
+        return None
+    return (os.cpu_count() or 1) if found.group(1) == "*" else int(found.group(1))
+
+
+def _is_connect(sc: Any) -> bool:
+    return getattr(sc, "is_connect", False)
 
 
 def check_cluster(sc: Any, num_workers: int, use_gpu: bool) -> None:
     """Every check that needs the cluster; says in one line how the ranks get GPUs."""
     check_dynamic_allocation(dict(sc.getConf().getAll()), sc.master)
+    if _is_connect(sc):  # what the session's conf and master's name tell
+        check_gpu_conf(dict(sc.getConf().getAll()), use_gpu)
+        slots = master_slots(sc.master)
+        if slots is not None and slots < num_workers:
+            raise ClusterError(f"num_workers={num_workers} but the cluster has {slots} task "
+                               f"slots in all ({sc.master}); lower num_workers")
+        return
     stage = cluster_gpu_stage(sc, use_gpu)
     if stage is not None:
         log.info("%s", stage.line)

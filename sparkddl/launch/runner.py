@@ -8,6 +8,7 @@ from typing import Any, Callable
 from sparkddl.config import optional_positive_int, positive_seconds
 from sparkddl.errors import ConfigError
 from sparkddl.launch import preflight
+from sparkddl.launch.connect import cluster_context
 from sparkddl.launch.launcher import launch_ranks, new_run_id
 from sparkddl.task.script import Script, script
 
@@ -54,7 +55,7 @@ def run(fn: Callable[..., Any] | str | os.PathLike, *args: Any, num_workers: int
             raise ConfigError(f"a script takes command-line arguments only, not keyword "
                               f"arguments ({', '.join(kwargs)})")
         fn, args = script(fn, args), ()
-    sc = spark_session(spark).sparkContext
+    sc = cluster_context(spark_session(spark))
     if num_workers is None:
         num_workers = preflight.available_workers(
             sc, profile=preflight.stage_profile(sc, use_gpu))

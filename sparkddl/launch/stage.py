@@ -11,6 +11,7 @@ from typing import Any, Callable
 
 from sparkddl.channel.server import DriverChannel
 from sparkddl.errors import TrainingFailedError
+from sparkddl.launch.connect import channel_host
 from sparkddl.launch.monitor import Handlers, StageMonitor, ordered_failures
 from sparkddl.task.bootstrap import barrier_entry
 from sparkddl.task.spec import TaskSpec
@@ -45,12 +46,15 @@ class _Job(threading.Thread):
 
     def run(self) -> None:
         try:
+            entry = functools.partial(barrier_entry, self.spec)
+            if getattr(self.sc, "is_connect", False):  # Spark Connect: the DataFrame API
+                self.result = self.sc.run_barrier(entry, self.spec.num_workers, self.group)
+                return
             self.sc.setJobGroup(self.group, self.description, interruptOnCancel=True)
             n = self.spec.num_workers
             rdd = self.sc.parallelize(range(n), n)
             if self.profile is not None:  # this stage alone asks for GPUs
                 rdd = rdd.withResources(self.profile)
-            entry = functools.partial(barrier_entry, self.spec)
             self.result = rdd.barrier().mapPartitions(entry).collect()
         except BaseException as exc:  # reported by the waiting driver thread
             self.error = exc
@@ -70,13 +74,20 @@ def run_stage(sc: Any, make_spec: SpecFactory, timeout_s: float | None = None,
     stage is cancelled first so no rank is left blocked in a collective.
     """
     monitor = StageMonitor(handlers)
-    conf = sc.getConf()
-    host = conf.get("spark.driver.host", "")
-    with DriverChannel(monitor.handle, bind_host=conf.get("spark.driver.bindAddress", host) or
-                       "0.0.0.0", advertise_host=host) as channel:
+    connect = getattr(sc, "is_connect", False)
+    if connect:  # the client's own address: the server's driver host is not this process
+        host, bind = channel_host(sc.spark)
+    else:
+        conf = sc.getConf()
+        host = conf.get("spark.driver.host", "")
+        bind = conf.get("spark.driver.bindAddress", host)
+    with DriverChannel(monitor.handle, bind_host=bind or "0.0.0.0",
+                       advertise_host=host) as channel:
         monitor.broadcast = channel.send_to_ranks
         OPEN_CHANNELS.add(channel)
         try:
+            if connect:
+                sc.check_reachable(channel.host, channel.port)
             return _run(sc, make_spec(channel), monitor, timeout_s, watchdog_s, description,
                         profile)
         finally:
@@ -92,7 +103,10 @@ def _run(sc: Any, spec: TaskSpec, monitor: StageMonitor, timeout_s: float | None
     reason = _wait(job, monitor, timeout_s, started, watchdog_s, spec.num_workers)
     decided = time.monotonic()  # connections that close after this were closed by the cancel
     if not job.finished.is_set():  # a rank failed or time ran out: stop everyone still running
-        sc.cancelJobGroup(job.group)
+        if getattr(sc, "is_connect", False):
+            sc.cancel(job.group)
+        else:
+            sc.cancelJobGroup(job.group)
         job.join(CANCEL_WAIT_S)
     if job.error is None and not reason:
         log.info("run %s: %d ranks finished in %.1fs", spec.run_id, spec.num_workers,

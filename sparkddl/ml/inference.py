@@ -18,6 +18,14 @@ _lock = threading.Lock()
 
 
 @dataclass(frozen=True)
+class Inline:
+    """Stands in for a Broadcast where there are none (Spark Connect): ``.value`` travels
+    with the function that holds it."""
+
+    value: Any
+
+
+@dataclass(frozen=True)
 class ModelPayload:
     """Architecture (import description or pickled factory) and weights, as bytes."""
 

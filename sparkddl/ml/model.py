@@ -12,7 +12,8 @@ from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable
 from sparkddl.config import TrainConfig
 from sparkddl.ml import architecture
 from sparkddl.ml._params import HasTorchModelParams
-from sparkddl.ml.inference import ModelPayload, udf_function
+from sparkddl.launch.connect import is_connect
+from sparkddl.ml.inference import Inline, ModelPayload, udf_function
 from sparkddl.problems import Problem
 from sparkddl.store import Store
 
@@ -86,7 +87,10 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
             else:
                 col = col.cast("float")
             inputs.append(col.alias(name))
-        payload = dataset.sparkSession.sparkContext.broadcast(self._payload())
+        session = dataset.sparkSession
+        # Spark Connect has no broadcasts: the weights travel inside the UDF itself
+        payload = (Inline(self._payload()) if is_connect(session)
+                   else session.sparkContext.broadcast(self._payload()))
         fn = udf_function(payload, features, self.task,
                           self.getOrDefault(self.inferenceBatchSize),
                           {k: list(v) for k, v in self.getOrDefault(self.featureShapes).items()})

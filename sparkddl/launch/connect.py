@@ -1,0 +1,144 @@
+"""Spark Connect sessions on the launch path: no SparkContext and no RDDs on the client, so
+the barrier stage goes through the DataFrame API (``mapInArrow(..., barrier=True)``), is
+cancelled through a job tag (``interruptTag``), and the few facts the preflight checks need
+come from the session's conf.
+
+The ranks still report to a channel the client opens, so every property of a classic
+session holds (live logs, fail-fast, heartbeats, snapshots), provided the executors can
+reach the client. That is checked before the stage starts, by one small task connecting to
+the channel; where they cannot, or where ``spark.sparkddl.channel.reachable=false`` says so,
+the launch stops with a ClusterError that says what to set. (A degraded mode, with results
+and failures only through the stage's rows, is not built yet.)
+"""
+from __future__ import annotations
+
+import functools
+import socket
+from typing import Any, Iterable, Iterator
+
+from sparkddl.errors import ClusterError
+
+REACHABLE_KEY = "spark.sparkddl.channel.reachable"  # "false": do not even try
+HOST_KEY = "spark.sparkddl.channel.host"  # the address executors reach this client at
+PROBE_TIMEOUT_S = 5.0
+RESULT_SCHEMA = "rank int, result binary"
+
+
+def is_connect(spark: Any) -> bool:
+    """Whether ``spark`` is a Spark Connect session (a client without a SparkContext)."""
+    return type(spark).__module__.startswith("pyspark.sql.connect")
+
+
+class ConnectContext:
+    """What the launch path asks of a SparkContext, answered for a Connect session: the
+    master and the conf (read through the session), the stage and its cancellation."""
+
+    is_connect = True
+
+    def __init__(self, spark: Any):
+        self.spark = spark
+        self.master = spark.conf.get("spark.master", "")
+
+    def getConf(self) -> "_Conf":  # noqa: N802 - SparkContext's name
+        return _Conf(self.spark)
+
+    def run_barrier(self, entry: Any, num_workers: int, tag: str) -> list[bytes]:
+        """Run ``entry(rows) -> iterator of bytes`` as a barrier stage of ``num_workers``
+        tasks tagged ``tag``; what each task yielded, in rank order."""
+        self.spark.addTag(tag)  # this thread's operations only
+        try:
+            rows = (self.spark.range(0, num_workers, 1, num_workers)
+                    .mapInArrow(functools.partial(_arrow_entry, entry), RESULT_SCHEMA,
+                                barrier=True)
+                    .collect())
+        finally:
+            self.spark.removeTag(tag)
+        return [bytes(r["result"]) for r in sorted(rows, key=lambda r: r["rank"])]
+
+    def cancel(self, tag: str) -> None:
+        self.spark.interruptTag(tag)
+
+    def check_reachable(self, host: str, port: int) -> None:
+        """One task connects to the channel at (host, port); a ClusterError if it cannot."""
+        if self.getConf().get(REACHABLE_KEY, "true").lower() == "false":
+            raise ClusterError(
+                f"{REACHABLE_KEY}=false: the executors cannot reach this Spark Connect "
+                "client, and sparkddl needs them to (its ranks report logs, failures and "
+                "results to it); run where they can, or set "
+                f"{HOST_KEY} to an address of this machine they reach")
+        probe = functools.partial(_probe, host, port)
+        [row] = self.spark.range(0, 1, 1, 1).mapInArrow(probe, "error string").collect()
+        if row["error"]:
+            raise ClusterError(
+                f"the executors cannot reach this Spark Connect client at {host}:{port} "
+                f"({row['error']}); sparkddl's ranks report to it. Set {HOST_KEY} to an "
+                "address of this machine the executors can reach (and open the port range), "
+                "or run from a machine inside the cluster's network")
+
+
+class _Conf:
+    def __init__(self, spark: Any):
+        self.spark = spark
+
+    def get(self, key: str, default: Any = None) -> Any:
+        try:
+            value = self.spark.conf.get(key, None)
+        except Exception:  # noqa: BLE001 - a key the server does not know
+            value = None
+        return default if value is None else value
+
+    def getAll(self) -> list[tuple[str, str]]:  # noqa: N802 - SparkConf's name
+        return list(self.spark.conf.getAll.items())
+
+
+def channel_host(spark: Any) -> tuple[str, str]:
+    """(the address executors reach this client at, the address to listen on): the setting
+    (listening on every interface, as behind NAT the address may not be local), else the
+    local address of the route towards the Connect server (loopback for a local server)."""
+    configured = _Conf(spark).get(HOST_KEY, "")
+    if configured:
+        return configured, "0.0.0.0"
+    server = _server_host(spark)
+    try:
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((server, 9))  # no packet is sent: this only picks the route
+            address = s.getsockname()[0]
+    except OSError:
+        address = socket.gethostname()
+    return address, address
+
+
+def _server_host(spark: Any) -> str:
+    try:
+        host = spark.client.host or ""
+    except Exception:  # noqa: BLE001 - an older client without the property
+        host = ""
+    return "127.0.0.1" if host in ("localhost", "") else host
+
+
+def _arrow_entry(entry: Any, batches: Iterable[Any]) -> Iterator[Any]:
+    import pyarrow as pa
+    from pyspark import BarrierTaskContext
+
+    rank = BarrierTaskContext.get().partitionId()
+    for value in entry(iter(batches)):
+        yield pa.RecordBatch.from_pydict({"rank": [rank], "result": [value]},
+                                         schema=pa.schema([("rank", pa.int32()),
+                                                           ("result", pa.binary())]))
+
+
+def _probe(host: str, port: int, batches: Iterable[Any]) -> Iterator[Any]:
+    import pyarrow as pa
+    for _ in batches:
+        pass
+    error = ""
+    try:  # the channel counts the probe as a connection that never authenticated
+        socket.create_connection((host, port), timeout=PROBE_TIMEOUT_S).close()
+    except OSError as exc:
+        error = f"{type(exc).__name__}: {exc}"
+    yield pa.RecordBatch.from_pydict({"error": [error]})
+
+
+def cluster_context(spark: Any) -> Any:
+    """A classic session's SparkContext, or a ConnectContext for a Connect session."""
+    return ConnectContext(spark) if is_connect(spark) else spark.sparkContext

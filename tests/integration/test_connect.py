@@ -1,0 +1,124 @@
+"""sparkddl.run and TorchDistributor on a Spark Connect session: a real local Connect server
+(``SparkSession.builder.remote("local[2]")``), whose client has no SparkContext."""
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+
+import sparkddl
+from sparkddl import ClusterError, ConfigError, TorchDistributor, TorchEstimator
+from sparkddl import TrainingFailedError
+
+
+def allreduce_sum(value: float) -> float:
+    import torch.distributed as dist
+    sparkddl.init_process_group()
+    t = torch.tensor([value * (dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    print(f"rank {dist.get_rank()} reduced {t.item()}")
+    return float(t.item())
+
+
+def fails_on_rank_1() -> None:
+    import torch.distributed as dist
+    sparkddl.init_process_group()
+    if dist.get_rank() == 1:
+        raise ValueError("rank 1 cannot go on")
+    dist.barrier()  # rank 0 waits for a peer that is gone: the stage must be cancelled
+
+
+@pytest.fixture
+def setting(spark_connect):
+    """Set session conf keys for one test (the session is shared)."""
+    keys = []
+
+    def set_(key, value):
+        keys.append(key)
+        spark_connect.conf.set(key, value)
+
+    yield set_
+    for key in keys:
+        spark_connect.conf.unset(key)
+
+
+@pytest.mark.timeout(300)
+def test_run_on_connect_returns_rank_0_and_relays_output(spark_connect, capfd):
+    assert not hasattr(spark_connect, "_jsc")  # really a client without a SparkContext
+    assert sparkddl.run(allreduce_sum, 2.0, num_workers=2, spark=spark_connect) == 6.0
+    out = capfd.readouterr().out
+    assert "[rank 1] rank 1 reduced 6.0" in out and "[rank 0] rank 0 reduced 6.0" in out
+
+
+@pytest.mark.timeout(300)
+def test_a_failing_rank_on_connect_surfaces_at_once_and_the_stage_is_cancelled(spark_connect):
+    started = time.monotonic()
+    with pytest.raises(TrainingFailedError) as info:
+        sparkddl.run(fails_on_rank_1, num_workers=2, spark=spark_connect)
+    assert info.value.failures[0].rank == 1
+    assert "ValueError: rank 1 cannot go on" in str(info.value)
+    assert time.monotonic() - started < 60
+    # rank 0's task was interrupted through the job tag: both slots are free again
+    assert sparkddl.run(allreduce_sum, 1.0, num_workers=2, spark=spark_connect,
+                        timeout=120) == 3.0
+
+
+@pytest.mark.timeout(300)
+def test_torch_distributor_runs_functions_and_scripts_on_connect(spark_connect, tmp_path):
+    assert TorchDistributor(2, False, False, spark=spark_connect).run(allreduce_sum, 1.5) == 4.5
+    script = tmp_path / "train.py"
+    script.write_text("import sys, torch.distributed as dist\n"
+                      "dist.init_process_group('gloo')\n"
+                      "open(sys.argv[1] + f'/rank{dist.get_rank()}', 'w').write('ok')\n")
+    assert TorchDistributor(2, False, False, spark=spark_connect).run(
+        str(script), str(tmp_path)) is None
+    assert (tmp_path / "rank0").read_text() == (tmp_path / "rank1").read_text() == "ok"
+
+
+@pytest.mark.timeout(300)
+def test_executors_that_cannot_reach_the_client_are_a_clear_error(spark_connect, setting):
+    setting("spark.sparkddl.channel.host", "192.0.2.1")  # TEST-NET: nobody answers there
+    started = time.monotonic()
+    with pytest.raises(ClusterError, match=r"executors cannot reach this Spark Connect "
+                                           r"client at 192\.0\.2\.1:\d+ .*channel\.host"):
+        sparkddl.run(allreduce_sum, 1.0, num_workers=2, spark=spark_connect)
+    assert time.monotonic() - started < 30
+    setting("spark.sparkddl.channel.reachable", "false")
+    with pytest.raises(ClusterError, match=r"channel.reachable=false"):
+        sparkddl.run(allreduce_sum, 1.0, num_workers=2, spark=spark_connect)
+
+
+def test_bad_input_on_connect_fails_on_the_client(spark_connect, tmp_path):
+    with pytest.raises(ClusterError, match=r"num_workers=3 but the cluster has 2 task slots"):
+        sparkddl.run(allreduce_sum, 1.0, num_workers=3, spark=spark_connect)
+    with pytest.raises(ConfigError, match=r"script '.*missing.py' not found"):
+        sparkddl.run(str(tmp_path / "missing.py"), num_workers=2, spark=spark_connect)
+    df = spark_connect.createDataFrame([([0.0, 1.0], 0)], "features array<float>, label int")
+    with pytest.raises(ConfigError, match=r"does not run on a Spark Connect session yet"):
+        TorchEstimator(model=torch.nn.Linear(2, 2), optimizer="adam", loss="cross_entropy",
+                       store=str(tmp_path)).fit(df)
+
+
+@pytest.mark.timeout(300)
+def test_a_fitted_model_transforms_a_connect_dataframe(spark_connect):
+    """Weights travel inside the pandas UDF (Connect has no broadcasts)."""
+    from sparkddl.ml import TorchModel
+    from sparkddl.ml.architecture import describe
+    from sparkddl.models import MLP
+    from sparkddl.problems import Problem
+    from sparkddl.train.components import model_factory
+
+    torch.manual_seed(0)
+    net = MLP(2, [4], 3)
+    model = TorchModel()  # as TorchEstimator._model_from builds it
+    model._factory = model_factory(net)
+    model._arch, model._state = describe(model._factory), net.state_dict()
+    model.task, model.output_width = Problem.MULTICLASS, 3
+    rows = [([float(i), float(-i)],) for i in range(10)]
+    df = spark_connect.createDataFrame(rows, "features array<float>")
+    got = [r["prediction"] for r in model.transform(df).orderBy("features").collect()]
+    with torch.no_grad():
+        inputs = torch.tensor([r[0] for r in sorted(rows)])
+        want = net(inputs).argmax(-1).tolist()
+    assert got == [float(w) for w in want]
