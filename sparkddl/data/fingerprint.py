@@ -38,6 +38,10 @@ def leaf_kinds(df: Any) -> list[str]:
 
 
 def identified_by_files(df: Any) -> bool:
+    """False for a Spark Connect DataFrame: its analyzed plan is the server's, so its
+    content is hashed instead."""
+    if getattr(df, "_jdf", None) is None:
+        return False
     return all(k in _IDENTIFIED_LEAVES or k == "FileRelation" for k in leaf_kinds(df))
 
 

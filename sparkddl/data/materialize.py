@@ -26,6 +26,7 @@ from sparkddl.data.memory import heap_errors, row_group_bytes
 from sparkddl.data.plan import check_enough_rows, list_row_groups
 from sparkddl.data.schema import ColumnSpec, DataSpec, check_columns, column_spec, spark_kind
 from sparkddl.errors import DataError
+from sparkddl.launch.connect import cluster_context, is_connect
 from sparkddl.store import Store
 
 log = logging.getLogger(__name__)
@@ -66,7 +67,7 @@ def materialize(spark: Any, df: Any, spec: DataSpec, store: Store, *, num_worker
     identity: dict[str, Any] = {"columns": [(c, spec.role(c), kinds[c]) for c in spec.columns],
                                 "shapes": spec.feature_shapes, "validation": validation,
                                 "seed": seed, "min_row_groups": groups}
-    sc = spark.sparkContext
+    sc = cluster_context(spark)
     if fp.identified_by_files(df):
         # the plan and the files identify the data: one pass, which checks while it writes
         identity.update(plan=fp.plan_text(df), files=fp.input_file_identity(spark, df))
@@ -289,7 +290,9 @@ def _write(selected: Any, columns: tuple[ColumnSpec, ...], store: Store, key: st
     files = max(min_groups, math.ceil(total_bytes / FILE_BYTES))
     parts = f"parts-{uuid.uuid4().hex[:8]}"  # a concurrent writer of the same data gets its own
     root = store.data_url(key, parts)
-    if selected.rdd.getNumPartitions() > 2 * files:  # many small partitions: fewer files
+    if is_connect(selected.sparkSession):  # no RDD to count: coalescing never adds files
+        selected = selected.coalesce(files)
+    elif selected.rdd.getNumPartitions() > 2 * files:  # many small partitions: fewer files
         selected = selected.coalesce(files)
     reports = selected.mapInArrow(
         functools.partial(write_partition, columns, store, root, group_rows),

@@ -42,6 +42,12 @@ class ConnectContext:
     def getConf(self) -> "_Conf":  # noqa: N802 - SparkContext's name
         return _Conf(self.spark)
 
+    @property
+    def defaultParallelism(self) -> int:  # noqa: N802 - SparkContext's name
+        from sparkddl.launch.preflight import master_slots
+        return master_slots(self.master) or int(self.getConf().get(
+            "spark.default.parallelism", "2"))
+
     def run_barrier(self, entry: Any, num_workers: int, tag: str) -> list[bytes]:
         """Run ``entry(rows) -> iterator of bytes`` as a barrier stage of ``num_workers``
         tasks tagged ``tag``; what each task yielded, in rank order."""

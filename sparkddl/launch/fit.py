@@ -19,7 +19,7 @@ from sparkddl.errors import ConfigError, TrainingFailedError
 from sparkddl.launch import preflight
 from sparkddl.launch.callbacks import Callbacks
 from sparkddl.launch.checks import ProblemInfo
-from sparkddl.launch.connect import is_connect
+from sparkddl.launch.connect import cluster_context
 from sparkddl.launch.evaluation import EvaluationResult, SnapshotEvaluator
 from sparkddl.launch.inputs import check_best_by_early, fit_inputs, shard_plan
 from sparkddl.launch.launcher import launch_ranks, new_run_id
@@ -90,14 +90,9 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
         callbacks: Callbacks | None = None) -> FitResult:
     """``callbacks`` run on the driver (on_fit_start and on_fit_end are the caller's)."""
     started = time.perf_counter()
-    if is_connect(spark):
-        raise ConfigError(
-            "TorchEstimator.fit does not run on a Spark Connect session yet (its data plane "
-            "inspects and materializes DataFrames through the SparkContext); use a classic "
-            "session, or sparkddl.run / sparkddl.TorchDistributor, which do run on Connect")
     config.validate()
     check_best_by_early(config)
-    sc = spark.sparkContext
+    sc = cluster_context(spark)
     preflight.check_cluster(sc, config.num_workers, config.use_gpu)
     # unknown names and options; what the installed torch cannot run on these devices
     strategies.create(config.strategy, config.strategy_options).check_device(

@@ -205,6 +205,12 @@ def check_slots(sc: Any, num_workers: int, wait_s: float = EXECUTOR_WAIT_S,
     Executors may still be registering: wait up to ``wait_s`` for more slots, but not once
     every executor the application will have (``local-cluster[N,..]``,
     ``spark.executor.instances``) has registered."""
+    if _is_connect(sc):  # what the master's name tells, if anything
+        slots = master_slots(sc.master)
+        if slots is not None and slots < num_workers:
+            raise ClusterError(f"num_workers={num_workers} but the cluster has {slots} task "
+                               f"slots in all ({sc.master}); lower num_workers")
+        return slots or num_workers
     slots = task_slots(sc, profile)
     deadline = time.monotonic() + (0.0 if is_local_master(sc.master) else wait_s)
     expected = expected_executors(dict(sc.getConf().getAll()), sc.master)

@@ -10,6 +10,7 @@ import torch
 import sparkddl
 from sparkddl import ClusterError, ConfigError, TorchDistributor, TorchEstimator
 from sparkddl import TrainingFailedError
+from tests.integration.digits import _arrays, mlp
 
 
 def allreduce_sum(value: float) -> float:
@@ -94,10 +95,33 @@ def test_bad_input_on_connect_fails_on_the_client(spark_connect, tmp_path):
         sparkddl.run(allreduce_sum, 1.0, num_workers=3, spark=spark_connect)
     with pytest.raises(ConfigError, match=r"script '.*missing.py' not found"):
         sparkddl.run(str(tmp_path / "missing.py"), num_workers=2, spark=spark_connect)
-    df = spark_connect.createDataFrame([([0.0, 1.0], 0)], "features array<float>, label int")
-    with pytest.raises(ConfigError, match=r"does not run on a Spark Connect session yet"):
-        TorchEstimator(model=torch.nn.Linear(2, 2), optimizer="adam", loss="cross_entropy",
+    df = spark_connect.createDataFrame([([0.0, 1.0], i % 2) for i in range(100)],
+                                       "features array<float>, label int")
+    with pytest.raises(ConfigError, match=r"the model failed on a sample.*input size"):
+        TorchEstimator(model=torch.nn.Linear(3, 2), optimizer="adam", loss="cross_entropy",
                        store=str(tmp_path)).fit(df)
+
+
+@pytest.mark.timeout(300)
+def test_torch_estimator_fits_and_transforms_on_connect(spark_connect, tmp_path):
+    """The DataFrame is materialized through the DataFrame API (content-hashed: a Connect
+    plan cannot be inspected), snapshots are evaluated on the client as they arrive."""
+    x, y = _arrays()
+    rows = [(r.tolist(), int(v), i % 5) for i, (r, v) in enumerate(zip(x, y))]
+    df = spark_connect.createDataFrame(rows, "features array<float>, label int, split int")
+    train, test = df.filter("split != 0"), df.filter("split = 0")
+    est = TorchEstimator(model=mlp(), optimizer=lambda p: torch.optim.Adam(p, lr=3e-3),
+                         loss=torch.nn.CrossEntropyLoss(), batchSize=32, epochs=8,
+                         numWorkers=2, validation=0.2, store=str(tmp_path / "store"),
+                         progress=False)
+    model = est.fit(train)
+    assert [r["epoch"] for r in model.history] == list(range(1, 9))
+    assert all("val_loss" in r for r in model.history)
+    assert model.steps_per_rank[0] == model.steps_per_rank[1] > 0
+    pred = model.transform(test).select("label", "prediction").collect()
+    assert sum(r["label"] == r["prediction"] for r in pred) / len(pred) >= 0.9
+    again = est.fit(train)  # the same data: the materialized copy is reused
+    assert again.history and len(list((tmp_path / "store" / "data").iterdir())) == 1
 
 
 @pytest.mark.timeout(300)
