@@ -6,9 +6,11 @@ come from the session's conf.
 The ranks still report to a channel the client opens, so every property of a classic
 session holds (live logs, fail-fast, heartbeats, snapshots), provided the executors can
 reach the client. That is checked before the stage starts, by one small task connecting to
-the channel; where they cannot, or where ``spark.sparkddl.channel.reachable=false`` says so,
-the launch stops with a ClusterError that says what to set. (A degraded mode, with results
-and failures only through the stage's rows, is not built yet.)
+the channel. Where they cannot (or ``spark.sparkddl.channel.reachable=false`` says so), the
+stage runs offline, and says so once: the ranks rendezvous through Spark's allGather, what
+they would have sent comes back in the stage's rows when it ends (logs, epoch rows,
+snapshot notices, rank 0's result) and is handed to the same handlers, and a failure is
+Spark's own (the barrier stage fails as a whole, with the rank's Python traceback).
 """
 from __future__ import annotations
 
@@ -64,22 +66,14 @@ class ConnectContext:
     def cancel(self, tag: str) -> None:
         self.spark.interruptTag(tag)
 
-    def check_reachable(self, host: str, port: int) -> None:
-        """One task connects to the channel at (host, port); a ClusterError if it cannot."""
+    def unreachable(self, host: str, port: int) -> str:
+        """Why the executors cannot reach the channel at (host, port), or '' if they can:
+        one small task tries to connect (unless the setting says not to bother)."""
         if self.getConf().get(REACHABLE_KEY, "true").lower() == "false":
-            raise ClusterError(
-                f"{REACHABLE_KEY}=false: the executors cannot reach this Spark Connect "
-                "client, and sparkddl needs them to (its ranks report logs, failures and "
-                "results to it); run where they can, or set "
-                f"{HOST_KEY} to an address of this machine they reach")
+            return f"{REACHABLE_KEY}=false"
         probe = functools.partial(_probe, host, port)
         [row] = self.spark.range(0, 1, 1, 1).mapInArrow(probe, "error string").collect()
-        if row["error"]:
-            raise ClusterError(
-                f"the executors cannot reach this Spark Connect client at {host}:{port} "
-                f"({row['error']}); sparkddl's ranks report to it. Set {HOST_KEY} to an "
-                "address of this machine the executors can reach (and open the port range), "
-                "or run from a machine inside the cluster's network")
+        return f"they cannot connect to {host}:{port}: {row['error']}" if row["error"] else ""
 
 
 class _Conf:

@@ -1,6 +1,7 @@
 """Submit one barrier stage, watch it through the driver channel, and fail fast."""
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import threading
@@ -9,7 +10,7 @@ import uuid
 import weakref
 from typing import Any, Callable
 
-from sparkddl.channel.server import DriverChannel
+from sparkddl.channel.server import DriverChannel, Message
 from sparkddl.errors import TrainingFailedError
 from sparkddl.launch.connect import channel_host
 from sparkddl.launch.monitor import Handlers, StageMonitor, ordered_failures
@@ -86,10 +87,12 @@ def run_stage(sc: Any, make_spec: SpecFactory, timeout_s: float | None = None,
         monitor.broadcast = channel.send_to_ranks
         OPEN_CHANNELS.add(channel)
         try:
-            if connect:
-                sc.check_reachable(channel.host, channel.port)
-            return _run(sc, make_spec(channel), monitor, timeout_s, watchdog_s, description,
-                        profile)
+            spec = make_spec(channel)
+            why = sc.unreachable(channel.host, channel.port) if connect else ""
+            if why:
+                _say_offline(sc, why)
+                spec, watchdog_s = dataclasses.replace(spec, offline=True), None
+            return _run(sc, spec, monitor, timeout_s, watchdog_s, description, profile)
         finally:
             OPEN_CHANNELS.discard(channel)
 
@@ -111,7 +114,7 @@ def _run(sc: Any, spec: TaskSpec, monitor: StageMonitor, timeout_s: float | None
     if job.error is None and not reason:
         log.info("run %s: %d ranks finished in %.1fs", spec.run_id, spec.num_workers,
                  time.monotonic() - started)
-        return job.result or []
+        return _replay(job.result or [], monitor) if spec.offline else job.result or []
     spark_error = _error_text(job.error)
     failures = ordered_failures(spark_error, list(monitor.failures.values()),
                                 monitor.died_silently(decided))
@@ -153,6 +156,36 @@ def _grace(job: _Job, monitor: StageMonitor, world: int) -> None:
         if waited >= SILENT_RANK_GRACE_S:
             return
         job.finished.wait(min(0.05, SILENT_RANK_GRACE_S - waited))
+
+
+_OFFLINE_SAID: set[int] = set()
+
+
+def _say_offline(sc: Any, why: str) -> None:
+    """Once per session: what running offline means."""
+    if id(sc.spark) in _OFFLINE_SAID:
+        return
+    _OFFLINE_SAID.add(id(sc.spark))
+    log.warning(
+        "the executors cannot reach this Spark Connect client (%s): the ranks run offline. "
+        "Their output, epoch rows and snapshots arrive when the stage ends, not live; a "
+        "failure is reported through Spark's own error; there is no watchdog, and early "
+        "stopping and callbacks cannot stop training. Set spark.sparkddl.channel.host to an "
+        "address of this machine the executors reach to have all of it live", why)
+
+
+def _replay(rows: list[bytes], monitor: StageMonitor) -> list[bytes]:
+    """Offline ranks' rows: hand every message to the handlers, in rank order, as a live
+    channel would have; return rank 0's result (as a live stage does)."""
+    from pyspark import cloudpickle
+
+    results = []
+    for part in sorted((cloudpickle.loads(r) for r in rows), key=lambda p: p["rank"]):
+        for header, payload in part["frames"]:
+            monitor.handle(Message(part["rank"], header, payload))
+        if part["result"] is not None:
+            results.append(part["result"])
+    return results
 
 
 def _error_text(error: BaseException | None) -> str:

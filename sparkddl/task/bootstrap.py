@@ -18,6 +18,7 @@ from typing import Any, Iterable, Iterator
 
 from sparkddl.channel.client import RankChannel
 from sparkddl.channel.messages import Done, Error, Rendezvous, Stop, parse
+from sparkddl.channel.offline import OfflineChannel
 from sparkddl.errors import ClusterError
 from sparkddl.task import context
 from sparkddl.task.affinity import pinned
@@ -40,7 +41,7 @@ def barrier_entry(spec: TaskSpec, _rows: Iterable[Any]) -> Iterator[bytes]:
 
     spark_ctx = BarrierTaskContext.get()
     rank = spark_ctx.partitionId()
-    channel = _connect(spec, rank)
+    channel = OfflineChannel(rank) if spec.offline else _connect(spec, rank)
     # "starting" until the rendezvous completes: the watchdog gives startup more time
     status: dict[str, Any] = {"phase": "starting (importing torch)", "steps": 0,
                               "starting": True}
@@ -67,6 +68,9 @@ def barrier_entry(spec: TaskSpec, _rows: Iterable[Any]) -> Iterator[bytes]:
                         # report before the process group is torn down: tearing it down
                         # breaks the peers' collectives, and their reports must come second
                         report(exc)
+                        first = _first_failure(rank, exc) if spec.offline else None
+                        if first is not None:
+                            raise first from exc
                         raise
                     if rank == 0:
                         result = _dump_result(value)
@@ -76,8 +80,38 @@ def barrier_entry(spec: TaskSpec, _rows: Iterable[Any]) -> Iterator[bytes]:
         channel.post(Done())
     finally:
         channel.close()
-    if result is not None:
+    if spec.offline:  # every rank's messages, and rank 0's result, in one row
+        yield cloudpickle.dumps({"rank": rank, "result": result, "frames": channel.frames})
+    elif result is not None:
         yield result
+
+
+class PeerFailedError(RuntimeError):
+    """An offline rank failed because a peer failed first; carries the peer's error."""
+
+
+OFFLINE_FAILURE_KEY = "sparkddl/first_failure"
+SECONDARY_DELAY_S = 2.0
+
+
+def _first_failure(rank: int, exc: BaseException) -> BaseException | None:
+    """Offline, Spark's own job error is the only report, and it quotes whichever task it
+    saw fail first, often a peer whose collective broke. So the first rank to fail records
+    its error in the run's store (before its process group goes); a later one raises an
+    error carrying it instead of its own. None: this rank's error stands as it is."""
+    import time as _time
+
+    text = _clip(f"rank {rank}: {type(exc).__name__}: {exc}\n{traceback.format_exc()}")
+    try:
+        store = context.current().store
+        got = store.compare_set(OFFLINE_FAILURE_KEY, "", text)
+        got = got.decode() if isinstance(got, bytes) else str(got)
+    except Exception:  # noqa: BLE001 - the store went with rank 0, which failed first
+        _time.sleep(SECONDARY_DELAY_S)  # let that failure reach Spark before this one
+        return None
+    if got == text:
+        return None  # the first
+    return PeerFailedError(f"rank {rank} stopped because a peer failed first: {got}")
 
 
 def _clip(text: str) -> str:
@@ -195,6 +229,17 @@ def _rendezvous(spec: TaskSpec, rank: int, master_host: str, channel: RankChanne
     from torch.distributed import TCPStore
 
     timeout = timedelta(seconds=spec.collective_timeout_s)
+    if spec.offline:  # no driver to relay the port: Spark's own allGather does
+        from pyspark import BarrierTaskContext
+        store = TCPStore(master_host, 0, spec.num_workers, is_master=True,
+                         wait_for_workers=False, timeout=timeout) if rank == 0 else None
+        with context.collective("the rendezvous (Spark's allGather)", status):
+            ports = BarrierTaskContext.get().allGather(str(store.port) if store else "")
+        port = int(ports[0])
+        if store is not None:
+            return store, port
+        return TCPStore(master_host, port, spec.num_workers, is_master=False,
+                        timeout=timeout), port
     if rank == 0:
         store = TCPStore(master_host, 0, spec.num_workers, is_master=True,
                          wait_for_workers=False, timeout=timeout)

@@ -24,6 +24,8 @@ class TaskSpec:
     attempt: int = 0
     echo_output: bool = True
     heartbeat_s: float = 1.0
+    # the executors cannot reach the driver: messages travel back in the stage's rows
+    offline: bool = False
 
     def __repr__(self) -> str:  # keep the secret and the payload out of logs
         return (f"TaskSpec(run_id={self.run_id!r}, num_workers={self.num_workers}, "

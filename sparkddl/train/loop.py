@@ -305,8 +305,9 @@ class _Reporter:
         torch.save({k: v.detach().cpu() for k, v in state.items()}, buf)
         data = buf.getvalue()
         self.ctx.status["phase"] = "sending a snapshot to the driver"
-        if len(data) <= min(self.spec.config.snapshot_channel_bytes,
-                            protocol.DEFAULT_MAX_PAYLOAD_BYTES):
+        offline = getattr(self.ctx.channel, "offline", False)  # kept until the task ends
+        if not offline and len(data) <= min(self.spec.config.snapshot_channel_bytes,
+                                            protocol.DEFAULT_MAX_PAYLOAD_BYTES):
             self.ctx.channel.post(Snapshot(epoch, final), data)
             return
         # large models: through the Store, with only a notice on the channel
