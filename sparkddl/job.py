@@ -8,6 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from sparkddl import spark_settings
+from sparkddl.launch.connect import is_connect
 from sparkddl.launch.inputs import prepare_data
 from sparkddl.errors import ConfigError, StoreError
 from sparkddl.preset import JobConfig, redacted
@@ -23,6 +24,9 @@ def spark_session(cfg: JobConfig) -> Any:
     spark-defaults.conf win; the preset only fills in what is unset (the master and JVM-level
     settings included), see :mod:`sparkddl.spark_settings`."""
     spark = spark_settings.session(cfg.spark.master, cfg.spark.app_name, cfg.spark.conf)
+    if is_connect(spark):
+        print(f"spark connect session, master: {spark.conf.get('spark.master', '?')}")
+        return spark
     spark.sparkContext.setLogLevel("ERROR")
     print(f"spark master: {spark.sparkContext.master}")
     return spark

@@ -144,7 +144,13 @@ def session(master: str, app_name: str, conf: dict[str, Any]) -> Any:
     preset = preset_settings(master, app_name, conf)
     builder = SparkSession.builder
     existing = SparkContext._active_spark_context
-    if existing is not None:
+    remote = os.environ.get("SPARK_REMOTE") or (master if master.startswith("sc://") else "")
+    if remote:  # Spark Connect: the server's settings are its own; SQL ones still apply
+        log.info("Spark Connect session at %s: the preset's master and JVM settings do not "
+                 "apply, its spark.sql.* settings do", remote)
+        builder = builder.remote(remote).appName(app_name)
+        wanted = {k: v for k, v in preset.items() if k.startswith("spark.sql.")}
+    elif existing is not None:
         _note_unapplied(preset, existing.getConf(), "a Spark session already exists")
         wanted = {k: v for k, v in preset.items() if k.startswith("spark.sql.")}
     elif "PYSPARK_GATEWAY_PORT" in os.environ:  # under spark-submit: its JVM is running

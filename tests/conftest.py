@@ -37,10 +37,7 @@ def spark_session(master: str):
     stop_spark()
     from pyspark.sql import SparkSession
     if master == CONNECT:
-        spark = (SparkSession.builder.remote(LOCAL).appName("sparkddl-tests")
-                 .config("spark.ui.enabled", "false")
-                 .config("spark.ui.showConsoleProgress", "false")
-                 .getOrCreate())
+        spark = SparkSession.builder.remote(LOCAL).appName("sparkddl-tests").getOrCreate()
         _state.update(master=master, session=spark)
         return spark
     spark = (SparkSession.builder.master(master).appName("sparkddl-tests")

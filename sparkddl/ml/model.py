@@ -153,7 +153,10 @@ def _plain(value: Any) -> Any:
 
 
 def _qualified(spark: Any, path: str) -> Store:
-    """The Store for ``path`` as Spark's Hadoop filesystem resolves it (default FS included)."""
+    """The Store for ``path`` as Spark's Hadoop filesystem resolves it (default FS included);
+    on Spark Connect, as this client sees it (there is no JVM here to ask)."""
+    if is_connect(spark):
+        return Store.from_uri(path)
     jvm = spark.sparkContext._jvm
     jpath = jvm.org.apache.hadoop.fs.Path(path)
     fs = jpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
@@ -164,6 +167,14 @@ class _TorchModelWriter(MLWriter):
     def __init__(self, instance: TorchModel):
         super().__init__()
         self.instance = instance
+
+    def _handleOverwrite(self, path: str) -> None:  # noqa: N802 - MLWriter's name
+        """pyspark asks the JVM to clear the folder; a Connect client has none here."""
+        if not is_connect(self.sparkSession):
+            super()._handleOverwrite(path)
+            return
+        store = Store.from_uri(path)
+        store.delete(store.url())
 
     def saveImpl(self, path: str) -> None:
         import torch

@@ -168,3 +168,22 @@ def test_a_fitted_model_transforms_a_connect_dataframe(spark_connect):
         inputs = torch.tensor([r[0] for r in sorted(rows)])
         want = net(inputs).argmax(-1).tolist()
     assert got == [float(w) for w in want]
+
+
+@pytest.mark.timeout(300)
+def test_the_jobs_train_and_evaluate_on_connect(spark_connect, tmp_path, capsys, monkeypatch):
+    """SPARK_REMOTE makes the jobs' session a Connect one (here: this suite's server)."""
+    import json
+
+    from sparkddl.cli import main
+    from tests.integration.test_cli import PRESET, outputs
+
+    monkeypatch.setenv("SPARK_REMOTE", "local[2]")
+    assert main(["train", PRESET, *outputs(tmp_path), "--set", "train.epochs=4"]) == 0
+    printed = capsys.readouterr().out
+    assert "spark connect session" in printed
+    run = tmp_path / "out" / (tmp_path / "out" / "LATEST").read_text().strip()
+    metrics = json.loads((run / "metrics.json").read_text())
+    assert metrics["accuracy"] >= 0.85 and (run / "model" / "weights.pt").is_file()
+    assert main(["evaluate", PRESET, *outputs(tmp_path)]) == 0  # TorchModel.load on Connect
+    assert f"held-out accuracy           {metrics['accuracy']:.4f}" in capsys.readouterr().out
