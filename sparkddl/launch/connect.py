@@ -72,7 +72,14 @@ class ConnectContext:
         if self.getConf().get(REACHABLE_KEY, "true").lower() == "false":
             return f"{REACHABLE_KEY}=false"
         probe = functools.partial(_probe, host, port)
-        [row] = self.spark.range(0, 1, 1, 1).mapInArrow(probe, "error string").collect()
+        try:
+            [row] = self.spark.range(0, 1, 1, 1).mapInArrow(probe, "error string").collect()
+        except Exception as exc:  # the first job: executors without sparkddl fail here
+            from sparkddl.launch.monitor import missing_module, missing_module_reason
+            module = missing_module(str(exc))
+            if module is None:
+                raise
+            raise ClusterError(missing_module_reason(module)) from None
         return f"they cannot connect to {host}:{port}: {row['error']}" if row["error"] else ""
 
 

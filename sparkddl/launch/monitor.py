@@ -225,6 +225,18 @@ def failures_from_spark_error(text: str) -> list[RankFailure]:
     return [RankFailure(rank=rank, message=message, traceback=tb)]
 
 
+def missing_module(text: str) -> str | None:
+    """The module an executor's Python could not import, from Spark's error text."""
+    found = re.search(r"No module named '([\w.]+)'", text)
+    return found.group(1) if found else None
+
+
+def missing_module_reason(module: str) -> str:
+    return (f"the executors' Python cannot import {module!r}: install sparkddl with its "
+            "dependencies (torch, pyarrow, pandas) in the Python the executors run "
+            "(PYSPARK_PYTHON, or the cluster's libraries on Databricks)")
+
+
 DIED_SILENTLY = ("its connection to the driver closed without a report: its Python worker "
                  "or its executor died")
 

@@ -13,7 +13,8 @@ from typing import Any, Callable
 from sparkddl.channel.server import DriverChannel, Message
 from sparkddl.errors import TrainingFailedError
 from sparkddl.launch.connect import channel_host
-from sparkddl.launch.monitor import Handlers, StageMonitor, ordered_failures
+from sparkddl.launch.monitor import (Handlers, StageMonitor, missing_module,
+                                     missing_module_reason, ordered_failures)
 from sparkddl.task.bootstrap import barrier_entry
 from sparkddl.task.spec import TaskSpec
 
@@ -118,6 +119,9 @@ def _run(sc: Any, spec: TaskSpec, monitor: StageMonitor, timeout_s: float | None
     spark_error = _error_text(job.error)
     failures = ordered_failures(spark_error, list(monitor.failures.values()),
                                 monitor.died_silently(decided))
+    module = missing_module(spark_error) if not monitor.failures else None
+    if module and not reason:  # the task could not even start sparkddl's entry
+        reason = missing_module_reason(module)
     raise TrainingFailedError(failures, spark_error=spark_error,
                               reason=reason or "the barrier stage failed")
 

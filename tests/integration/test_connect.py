@@ -187,3 +187,47 @@ def test_the_jobs_train_and_evaluate_on_connect(spark_connect, tmp_path, capsys,
     assert metrics["accuracy"] >= 0.85 and (run / "model" / "weights.pt").is_file()
     assert main(["evaluate", PRESET, *outputs(tmp_path)]) == 0  # TorchModel.load on Connect
     assert f"held-out accuracy           {metrics['accuracy']:.4f}" in capsys.readouterr().out
+
+
+MISSING = """
+import sys
+sys.path.insert(0, {root!r})
+from pyspark.sql import SparkSession
+import sparkddl
+# a Connect server beside the suite's (another port), and a client of it
+server = (SparkSession.builder.master("local[2]")
+          .config("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin")
+          .config("spark.connect.grpc.binding.port", "15012").getOrCreate())
+spark = SparkSession.builder.remote("sc://localhost:15012").create()
+try:
+    sparkddl.run(len, [1], num_workers=2, spark=spark, timeout=120)
+except sparkddl.ClusterError as exc:
+    print("CLUSTER ERROR:", exc)
+spark.stop()
+server.stop()
+"""
+
+
+@pytest.mark.timeout(300)
+def test_executors_without_the_packages_are_a_clear_error(spark_connect, tmp_path):
+    """A Connect server whose executors run a bare Python (no pyarrow, pandas, torch or
+    sparkddl): the first job says which package is missing and what to do."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    import venv
+
+    venv.create(tmp_path / "bare", with_pip=False)  # the standard library only
+    bare = str(tmp_path / "bare" / "bin" / "python")
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYSPARK_PYTHON": bare}
+    for key in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE"):
+        env.pop(key, None)  # set in this process by the suite's local Connect server
+    done = subprocess.run([sys.executable, "-c", MISSING.format(root=root)], env=env,
+                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "CLUSTER ERROR: the executors' Python cannot import 'pyarrow'" in done.stdout, (
+        done.stdout[-2000:] + done.stderr[-2000:])
+    assert "PYSPARK_PYTHON" in done.stdout
