@@ -6,6 +6,7 @@ once: unit tests first, then local, then cluster.
 """
 from __future__ import annotations
 
+import faulthandler
 import os
 import sys
 from pathlib import Path
@@ -91,6 +92,34 @@ def _order(item: pytest.Item) -> int:
     if "spark_local" in names or param == "local":
         return 2
     return 1 if any(n.startswith("spark") for n in names) else 0
+
+
+# pytest-timeout's SIGALRM cannot always stop a hung test: the signal may land on another
+# thread while the main thread sits in a socket read (a py4j call waiting on a wedged Spark
+# job), and then nothing interrupts the read. So a second, hard limit: past the test's
+# timeout plus this grace, faulthandler's own thread prints every thread's stack and ends
+# the run, so CI fails in minutes with the evidence instead of hanging until it is killed.
+HARD_LIMIT_GRACE_S = 120
+_real_stderr: list = []  # stderr as it was before pytest captured it
+
+
+def pytest_configure(config) -> None:
+    _real_stderr.append(os.fdopen(os.dup(2), "w"))  # not captured here, unlike at import
+
+
+@pytest.fixture(autouse=True)
+def _hard_time_limit(request):
+    marker = request.node.get_closest_marker("timeout")
+    limit = marker.args[0] if marker and marker.args else request.config.getini("timeout")
+    if not limit or not _real_stderr:
+        yield
+        return
+    faulthandler.dump_traceback_later(float(limit) + HARD_LIMIT_GRACE_S, exit=True,
+                                      file=_real_stderr[0])
+    try:
+        yield
+    finally:
+        faulthandler.cancel_dump_traceback_later()
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -194,9 +194,8 @@ def rank_environment(spec: TaskSpec, spark_ctx: Any, channel: RankChannel,
             # the Python worker is reused by later tasks: everything below must run
             context.set_current(None)
             try:
-                if dist.is_available() and dist.is_initialized():
-                    _settle_gloo_workers()
-                    dist.destroy_process_group()
+                if dist.is_available():
+                    release_process_groups()
                 if ok:  # rank 0's store must outlive every rank's last use of it
                     status["phase"] = "finished"
                     with context.collective("the closing barrier (waiting for every rank "
@@ -208,17 +207,31 @@ def rank_environment(spec: TaskSpec, spark_ctx: Any, channel: RankChannel,
                 del store
 
 
-# torch < 2.13: ~ProcessGroupGloo joins its worker threads while the destroying thread holds
-# the GIL, and a worker still releasing the last collective's tensors needs the GIL to drop
-# their Python objects: a deadlock (seen 1 run in 3 with torch 2.4 and 2.6, in
-# destroy_process_group). Letting the workers finish first, with the GIL released, avoids it.
-_GLOO_SETTLE_S = 0.05
+# Process groups this Python worker has used, kept alive on purpose. ~ProcessGroupGloo takes
+# its work lock while the destroying thread holds the GIL, and a gloo worker thread that is
+# releasing a finished collective's tensors holds that lock while it waits for the GIL: a
+# deadlock. Spark reuses Python workers and runs gc.collect() between tasks, and a DDP model
+# keeps its group alive through references the gc frees at a moment nobody chooses: on
+# torch 2.13 a reused worker hung in that gc (pinned CI; 1 run in 2 of test_distributor +
+# test_estimator here), so the next task sent to it never ran; with torch 2.4/2.6
+# destroy_process_group itself hung 1 run in 3. A group that is never freed cannot
+# deadlock there. What it keeps: gloo's idle threads and sockets (NCCL communicators are
+# shut down by destroy_process_group), until Spark ends the worker (idle for a minute).
+_RETIRED: list[Any] = []
 
 
-def _settle_gloo_workers() -> None:
-    import torch
-    if tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2]) < (2, 13):
-        time.sleep(_GLOO_SETTLE_S)
+def release_process_groups() -> None:
+    """End this process's process groups without freeing them (see _RETIRED)."""
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        return
+    try:
+        from torch.distributed.distributed_c10d import _world
+        groups = list(_world.pg_map)  # the default group and every subgroup
+    except (ImportError, AttributeError):  # a torch without the registry: the default one
+        groups = [dist.group.WORLD]
+    _RETIRED.extend(groups)
+    dist.destroy_process_group()
 
 
 def _rendezvous(spec: TaskSpec, rank: int, master_host: str, channel: RankChannel,
