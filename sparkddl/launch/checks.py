@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from sparkddl.errors import ConfigError, DataError
+from sparkddl.exported import InputSpec
 from sparkddl.problems import Problem
 from sparkddl.train.steps import LossFn
 
@@ -16,10 +17,12 @@ log = logging.getLogger(__name__)
 @dataclass(frozen=True)
 class ProblemInfo:
     """What the model predicts: ``multiclass`` (output [B, C], integer labels), ``binary``
-    (one logit per row with BCEWithLogitsLoss) or ``regression`` (anything else)."""
+    (one logit per row with BCEWithLogitsLoss) or ``regression`` (anything else); and what
+    it takes (one input per feature column, as the sample fed it)."""
 
     kind: Problem
     output_width: int
+    inputs: tuple[InputSpec, ...] = ()
 
 
 def check_sample(module: Any, step: LossFn, sample: dict[str, Any],

@@ -2,6 +2,7 @@
 data (prepared, sampled, planned into shards), the metrics and the best-snapshot metric."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -10,6 +11,7 @@ from sparkddl.data import DataSpec, PreparedData, prepare
 from sparkddl.data.local import read_rows
 from sparkddl.data.plan import ShardPlan
 from sparkddl.errors import ConfigError
+from sparkddl.exported import input_specs
 from sparkddl.launch.checks import ProblemInfo, check_finite, check_sample
 from sparkddl.store import Store
 from sparkddl.train.components import (OptimizerRecipe, build_module, check_optimizer,
@@ -75,6 +77,7 @@ def fit_inputs(df: Any, model: Any, optimizer: Any, loss: Any, config: TrainConf
     sample = read_rows(data.train, limit=8)
     check_finite(sample, config.features, config.on_non_finite_loss)
     problem = check_sample(module, step_fn, sample, data.label_range(config.labels[0]))
+    problem = dataclasses.replace(problem, inputs=input_specs(sample, config.features))
     default = ["accuracy"] if problem.kind.is_classifier and config.train_step is None else []
     metrics = resolve_metrics(config.metrics if config.metrics is not None else default)
     best_by = resolve_best_by(config.best_by, metrics, data.val is not None)

@@ -39,12 +39,16 @@ class HasTorchModelParams(Params):
         Params._dummy(), 'inferenceBatchSize',
         'rows per forward pass in transform',
         typeConverter=TypeConverters.toInt)
+    inferenceDevice: Param = Param(
+        Params._dummy(), 'inferenceDevice',
+        "device for transform's forward passes: auto (CUDA where the model was trained with useGpu and the executor has a GPU), cpu or cuda",
+        typeConverter=TypeConverters.toString)
 
     def __init__(self) -> None:
         super().__init__()
         self._setDefault(featuresCol='features', featureShapes={}, predictionCol='prediction',
                 probabilityCol='probability', rawPredictionCol='rawPrediction',
-                inferenceBatchSize=1024)
+                inferenceBatchSize=1024, inferenceDevice='auto')
 
     def setFeaturesCol(self, value: Any) -> Any:
         """Sets featuresCol: feature column, or a list of them; each a Vector, a fixed-length numeric array or a numeric column (several columns are passed to the model as several inputs)"""
@@ -93,6 +97,14 @@ class HasTorchModelParams(Params):
     def getInferenceBatchSize(self) -> Any:
         """inferenceBatchSize: rows per forward pass in transform"""
         return self.getOrDefault(self.inferenceBatchSize)
+
+    def setInferenceDevice(self, value: Any) -> Any:
+        """Sets inferenceDevice: device for transform's forward passes: auto (CUDA where the model was trained with useGpu and the executor has a GPU), cpu or cuda"""
+        return self._set(inferenceDevice=value)
+
+    def getInferenceDevice(self) -> Any:
+        """inferenceDevice: device for transform's forward passes: auto (CUDA where the model was trained with useGpu and the executor has a GPU), cpu or cuda"""
+        return self.getOrDefault(self.inferenceDevice)
 
 
 class HasTorchEstimatorParams(HasTorchModelParams):
@@ -650,7 +662,8 @@ class TorchEstimatorBase(Estimator, HasTorchEstimatorParams):
             checkpointEvery: Any = 1, checkpointEverySteps: Any = 0, keepCheckpoints: Any = 3,
             maxRestarts: Any = 2, runId: Any = None, watchdogTimeout: Any = 900.0,
             predictionCol: Any = 'prediction', probabilityCol: Any = 'probability',
-            rawPredictionCol: Any = 'rawPrediction', inferenceBatchSize: Any = 1024) -> None:
+            rawPredictionCol: Any = 'rawPrediction', inferenceBatchSize: Any = 1024,
+            inferenceDevice: Any = 'auto') -> None:
         super().__init__()
         self._set(**self._input_kwargs)
 
@@ -671,6 +684,7 @@ class TorchEstimatorBase(Estimator, HasTorchEstimatorParams):
             checkpointEvery: Any = 1, checkpointEverySteps: Any = 0, keepCheckpoints: Any = 3,
             maxRestarts: Any = 2, runId: Any = None, watchdogTimeout: Any = 900.0,
             predictionCol: Any = 'prediction', probabilityCol: Any = 'probability',
-            rawPredictionCol: Any = 'rawPrediction', inferenceBatchSize: Any = 1024) -> Any:
+            rawPredictionCol: Any = 'rawPrediction', inferenceBatchSize: Any = 1024,
+            inferenceDevice: Any = 'auto') -> Any:
         """Sets the given Params; the others keep their values."""
         return self._set(**self._input_kwargs)

@@ -56,6 +56,8 @@ class TorchEstimator(TorchEstimatorBase):
         model.run_id, model.chosen_epoch, model.best_by = (result.run_id, result.chosen_epoch,
                                                            result.best_by)
         model.task, model.output_width = result.problem.kind, result.problem.output_width
+        model.input_specs = result.problem.inputs
+        model.trained_on_gpu = bool(self.getOrDefault(self.useGpu))
         model.epochs_done, model.stopped_early = result.epochs_done, result.stopped_early
         model.steps_per_rank, model.fit_time_s = result.steps_per_rank, result.fit_time_s
         model.restarts = [dict(vars(r), recovery_s=r.recovery_s) for r in result.restarts]

@@ -11,6 +11,7 @@ from typing import Any, Iterator
 import numpy as np
 import pandas as pd  # module level: pandas_udf resolves the type hints below against it
 
+from sparkddl.errors import ConfigError
 from sparkddl.problems import Problem
 
 _models: dict[str, Any] = {}
@@ -27,71 +28,126 @@ class Inline:
 
 @dataclass(frozen=True)
 class ModelPayload:
-    """Architecture (import description or pickled factory) and weights, as bytes."""
+    """Architecture (import description, pickled factory or torch.export program) and
+    weights, as bytes."""
 
     architecture: dict[str, Any]
     pickled_factory: bytes
     weights: bytes
+    program: Any = None  # sparkddl.exported.Program: run it, no model code needed
 
     @property
     def key(self) -> str:
         h = hashlib.sha256(self.weights)
         h.update(self.pickled_factory)
+        if self.program is not None:
+            h.update(self.program.graph)
         h.update(repr(sorted(self.architecture.items())).encode())
         return h.hexdigest()
 
-    def module(self) -> Any:
-        """The model in eval mode; built once per worker process and cached."""
+    def module(self, device: Any = "cpu") -> Any:
+        """The model in eval mode on ``device``; built once per worker process and cached."""
         import torch
-        key = self.key
+        key = f"{self.key}@{device}"
         with _lock:
             if key not in _models:
-                from sparkddl.ml.architecture import rebuild, trusted_loading
-                with trusted_loading():  # our own fitted model, shipped by this application
-                    module = rebuild(self.architecture, lambda: self.pickled_factory,
-                                     "the driver")
-                module.load_state_dict(torch.load(io.BytesIO(self.weights), weights_only=True))
+                state = torch.load(io.BytesIO(self.weights), weights_only=True)
+                if self.program is not None:
+                    from sparkddl.exported import load
+                    module = load(self.program, state, device)
+                else:
+                    from sparkddl.ml.architecture import rebuild, trusted_loading
+                    with trusted_loading():  # our own fitted model, shipped by this application
+                        module = rebuild(self.architecture, lambda: self.pickled_factory,
+                                         "the driver")
+                    module.load_state_dict(state)
+                    module.to(device)
                 _models.clear()  # keep one model per worker: the latest one used
-                _models[key] = module.eval()
+                _models[key] = exported_eval(module)
             return _models[key]
 
 
+def exported_eval(module: Any) -> Any:
+    """``module`` in eval mode; a torch.export program was exported in eval mode already, and
+    (torch >= 2.9) refuses ``eval()``."""
+    try:
+        return module.eval()
+    except NotImplementedError:
+        return module
+
+
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def check_device(choice: str) -> None:
+    """On the driver, before any task runs."""
+    if choice not in DEVICES:
+        raise ConfigError(f"unknown inferenceDevice {choice!r}; choose one of "
+                          f"{', '.join(DEVICES)}")
+
+
+def resolve_device(choice: str, trained_on_gpu: bool, cuda_available: bool,
+                   gpus: list[str]) -> str:
+    """Where this task runs the model: ``cuda:<i>`` (the task's Spark-assigned GPU, else the
+    first) or ``cpu``. "auto" picks CUDA only for models trained with useGpu."""
+    if choice == "cuda" and not cuda_available:
+        import socket
+        raise ConfigError(
+            f"inferenceDevice='cuda' but torch on executor {socket.gethostname()} sees no "
+            "GPU; use inferenceDevice='auto' or 'cpu', or run transform on GPU executors")
+    if choice == "cpu" or not cuda_available or (choice == "auto" and not trained_on_gpu):
+        return "cpu"
+    return f"cuda:{int(gpus[0]) if gpus and gpus[0].isdigit() else 0}"
+
+
 def udf_function(payload_bc: Any, features: list[str], kind: str, batch_rows: int,
-                 shapes: dict[str, list[int]]) -> Any:
+                 shapes: dict[str, list[int]], device: str = "cpu",
+                 trained_on_gpu: bool = False) -> Any:
     """The typed iterator function pandas_udf expects (Spark reads its type hints)."""
     def predict(frames: Iterator[pd.DataFrame]) -> Iterator[pd.DataFrame]:
-        yield from predict_batches(payload_bc, features, kind, batch_rows, shapes, frames)
+        yield from predict_batches(payload_bc, features, kind, batch_rows, shapes, frames,
+                                   device, trained_on_gpu)
     return predict
 
 
 def predict_batches(payload_bc: Any, features: list[str], kind: str, batch_rows: int,
-                    shapes: dict[str, list[int]], frames: Iterator[Any]) -> Iterator[Any]:
+                    shapes: dict[str, list[int]], frames: Iterator[Any], device: str = "cpu",
+                    trained_on_gpu: bool = False) -> Iterator[Any]:
     """pandas UDF body: struct of feature columns in, struct of prediction columns out."""
     import torch
     from pyspark import TaskContext
 
     ctx = TaskContext.get()
+    gpus = list(ctx.resources()["gpu"].addresses) if ctx is not None and \
+        "gpu" in ctx.resources() else []
+    where = resolve_device(device, trained_on_gpu, torch.cuda.is_available(), gpus)
     saved = torch.get_num_threads()  # the Python worker outlives this task
     if ctx is not None:
         torch.set_num_threads(max(1, int(ctx.cpus())))
     try:
-        yield from _predict_frames(payload_bc.value.module(), features, kind, batch_rows, shapes,
-                                   frames)
+        yield from _predict_frames(payload_bc.value.module(where), features, kind, batch_rows,
+                                   shapes, frames, where)
     finally:
         torch.set_num_threads(saved)
 
 
 def _predict_frames(module: Any, features: list[str], kind: str, batch_rows: int,
-                    shapes: dict[str, list[int]], frames: Iterator[Any]) -> Iterator[Any]:
+                    shapes: dict[str, list[int]], frames: Iterator[Any],
+                    device: str = "cpu") -> Iterator[Any]:
+    """Batches of ``batch_rows`` through the model; on CUDA each batch is copied from pinned
+    memory without blocking, and the outputs come back once per frame."""
     import torch
+    cuda = device.startswith("cuda")
     for frame in frames:
         inputs = [_column(frame[f], shapes.get(f)) for f in features]
         outputs = []
         with torch.no_grad():
             for start in range(0, len(frame), batch_rows):
-                outputs.append(module(*[torch.from_numpy(x[start:start + batch_rows])
-                                        for x in inputs]).float())
-        out = torch.cat(outputs) if outputs else torch.zeros(0)
+                batch = [torch.from_numpy(x[start:start + batch_rows]) for x in inputs]
+                if cuda:
+                    batch = [t.pin_memory().to(device, non_blocking=True) for t in batch]
+                outputs.append(module(*batch).float())
+        out = torch.cat(outputs).cpu() if outputs else torch.zeros(0)
         yield pd.DataFrame(_columns_for(kind, out))
 
 

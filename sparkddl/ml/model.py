@@ -9,11 +9,14 @@ from pyspark.ml import Model
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable, MLReader, \
     MLWritable, MLWriter
 
+from sparkddl import exported
 from sparkddl.config import TrainConfig
+from sparkddl.errors import SparkDDLError
 from sparkddl.ml import architecture
 from sparkddl.ml._params import HasTorchModelParams
 from sparkddl.launch.connect import is_connect
-from sparkddl.ml.inference import Inline, ModelPayload, udf_function
+from sparkddl.ml.inference import (Inline, ModelPayload, check_device, exported_eval,
+                                   udf_function)
 from sparkddl.problems import Problem
 from sparkddl.store import Store
 
@@ -25,7 +28,13 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
     Attributes: ``history`` (one dict per epoch), ``run_id``, ``chosen_epoch`` (the epoch
     whose weights these are), ``best_by``, ``task`` (multiclass, binary or regression),
     ``epochs_done``, ``stopped_early``, ``steps_per_rank``, ``fit_time_s``, ``restarts`` (one
-    dict per failed attempt: reason, checkpoint resumed from, steps redone, recovery_s).
+    dict per failed attempt: reason, checkpoint resumed from, steps redone, recovery_s),
+    ``input_specs`` (the model's inputs per row), ``export_error`` (why the model could not
+    be saved as a torch.export program, or "").
+
+    Saving also stores the model as a ``torch.export`` program (batch dimension dynamic), so
+    ``TorchModel.load`` and ``PipelineModel.load`` need neither the model's code nor trusted
+    loading, and ``transform`` runs that program on the executors.
     """
 
     def __init__(self) -> None:
@@ -44,13 +53,18 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
         self.steps_per_rank: list[int] = []
         self.fit_time_s = 0.0
         self.restarts: list[dict[str, Any]] = []
+        self.input_specs: tuple[exported.InputSpec, ...] = ()
+        self._program: exported.Program | None = None
+        self.export_error = ""
+        self._export_tried = False
+        self.trained_on_gpu = False  # inferenceDevice="auto" runs transform on CUDA if so
 
     # ---- the model itself ----
     def module(self) -> Any:
         """A fresh torch module holding these weights (eval mode)."""
         module = self._build()
         module.load_state_dict(self._state)
-        return module.eval()
+        return exported_eval(module)
 
     def state_dict(self) -> dict[str, Any]:
         return dict(self._state)
@@ -67,7 +81,20 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
         if self._factory is not None:
             from sparkddl.train.components import build_module
             return build_module(self._factory)
+        if self._program is not None:
+            return exported.load(self._program, self._state)
         raise RuntimeError("TorchModel has no architecture; load it with TorchModel.load")
+
+    def program(self) -> "exported.Program | None":
+        """The model as a torch.export program (exported once, on first use), or None with
+        ``export_error`` saying why it cannot be."""
+        if self._program is None and not self._export_tried and self._factory is not None:
+            self._export_tried = True
+            try:
+                self._program = exported.export(self.module(), self.input_specs)
+            except exported.ExportFailed as exc:
+                self.export_error = str(exc)
+        return self._program
 
     # ---- transform ----
     def _transform(self, dataset: Any) -> Any:
@@ -76,6 +103,7 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
         from pyspark.sql.functions import pandas_udf
 
         features = list(TrainConfig.from_values({"features": self.getFeaturesCol()}).features)
+        check_device(self.getOrDefault(self.inferenceDevice))
         types = {f.name: type(f.dataType).__name__ for f in dataset.schema.fields}
         inputs = []
         for name in features:
@@ -93,7 +121,8 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
                    else session.sparkContext.broadcast(self._payload()))
         fn = udf_function(payload, features, self.task,
                           self.getOrDefault(self.inferenceBatchSize),
-                          {k: list(v) for k, v in self.getOrDefault(self.featureShapes).items()})
+                          {k: list(v) for k, v in self.getOrDefault(self.featureShapes).items()},
+                          self.getOrDefault(self.inferenceDevice), self.trained_on_gpu)
         udf = pandas_udf(fn, returnType=self._output_schema())  # type: ignore[call-overload]
         tmp = "__sparkddl_out"
         out = dataset.withColumn(tmp, udf(F.struct(*inputs)))
@@ -115,6 +144,9 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
         from pyspark import cloudpickle
         buf = io.BytesIO()
         torch.save(self._state, buf)
+        program = self.program()
+        if program is not None:  # executors need no model code
+            return ModelPayload({"kind": "exported"}, b"", buf.getvalue(), program)
         pickled = cloudpickle.dumps(self._factory) if self._arch["kind"] == "pickle" else b""
         return ModelPayload(self._arch, pickled, buf.getvalue())
 
@@ -130,10 +162,12 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
     def load(cls, path: str, model: Any = None, trusted: bool = False) -> "TorchModel":
         """Load a saved model. Weights are read with ``torch.load(weights_only=True)``.
 
-        ``model``: a module to load the weights into (no code is unpickled). Without it, a
-        model saved from a built-in or importable factory is rebuilt by import; one defined in
-        a notebook or script needs ``trusted=True`` (or ``with trusted_loading():``), since
-        unpickling its architecture runs code.
+        ``model``: a module to load the weights into (no code is unpickled). Without it, the
+        model's torch.export program is used where it was saved with one (``module()`` is
+        then that program, a torch.fx GraphModule); otherwise a model saved from a built-in or
+        importable factory is rebuilt by import, and one defined in a notebook or script needs
+        ``trusted=True`` (or ``with trusted_loading():``), since unpickling its architecture
+        runs code.
         """
         reader = _TorchModelReader(model=model)
         if trusted:
@@ -180,17 +214,23 @@ class _TorchModelWriter(MLWriter):
         import torch
         from pyspark import cloudpickle
         m = self.instance
+        program = m.program()
         extra = {"architecture": m._arch, "task": m.task, "output_width": m.output_width,
                  "run_id": m.run_id,
                  "chosen_epoch": m.chosen_epoch, "best_by": m.best_by,
-                 "epochs_done": m.epochs_done, "stopped_early": m.stopped_early}
+                 "epochs_done": m.epochs_done, "stopped_early": m.stopped_early,
+                 "inputs": [s.to_json() for s in m.input_specs],
+                 "program": {"parameters": list(program.parameters)} if program else None,
+                 "export_error": m.export_error, "trained_on_gpu": m.trained_on_gpu}
         DefaultParamsWriter.saveMetadata(m, path, self.sparkSession, extraMetadata=extra)
         store = _qualified(self.sparkSession, path)
         buf = io.BytesIO()
         torch.save(m._state, buf)
         store.write_bytes(store.url("weights.pt"), buf.getvalue())
         store.write_bytes(store.url("history.json"), json.dumps(m.history).encode())
-        if m._arch["kind"] == "pickle":
+        if program is not None:
+            exported.write(store, program)
+        if m._arch["kind"] == "pickle" and m._factory is not None:
             store.write_bytes(store.url("architecture.pkl"), cloudpickle.dumps(m._factory))
 
 
@@ -209,16 +249,30 @@ class _TorchModelReader(MLReader):
         m._resetUid(meta["uid"])
         DefaultParamsReader.getAndSetParams(m, meta)
         m._arch = meta["architecture"]
+        m.input_specs = tuple(exported.InputSpec.from_json(d) for d in meta.get("inputs", []))
+        m.export_error = meta.get("export_error", "")
+        m.trained_on_gpu = bool(meta.get("trained_on_gpu", False))
+        m._state = torch.load(io.BytesIO(store.read_bytes(store.url("weights.pt"))),
+                              weights_only=True)
+        saved = meta.get("program")
+        program = exported.read(store, saved["parameters"]) if saved and self.model is None \
+            else None
         if self.model is not None:
             m._factory = model_factory(self.model)
             m._arch = architecture.describe(m._factory)
+        elif program is not None:  # no code of the model's is imported or unpickled
+            m._program, m._export_tried = program, True
         else:
-            module = architecture.rebuild(m._arch,
-                                          lambda: store.read_bytes(store.url("architecture.pkl")),
-                                          path)
+            try:
+                module = architecture.rebuild(
+                    m._arch, lambda: store.read_bytes(store.url("architecture.pkl")), path)
+            except SparkDDLError as exc:
+                if not m.export_error:
+                    raise
+                raise SparkDDLError(f"{exc}. It was saved without a torch.export program, "
+                                    f"which needs none of this, because exporting it failed: "
+                                    f"{m.export_error}") from exc
             m._factory = model_factory(module)
-        m._state = torch.load(io.BytesIO(store.read_bytes(store.url("weights.pt"))),
-                              weights_only=True)
         m._build().load_state_dict(m._state)  # fails here, clearly, if they do not fit
         m.history = json.loads(store.read_bytes(store.url("history.json")))
         for key in ("task", "output_width", "run_id", "chosen_epoch", "best_by", "epochs_done",

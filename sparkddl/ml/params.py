@@ -49,6 +49,9 @@ MODEL_PARAMS = (
     ParamSpec("rawPredictionCol", "rawPrediction", "raw model output column (classifiers)",
               "toString", True),
     ParamSpec("inferenceBatchSize", 1024, "rows per forward pass in transform", "toInt", True),
+    ParamSpec("inferenceDevice", "auto", "device for transform's forward passes: auto (CUDA "
+              "where the model was trained with useGpu and the executor has a GPU), cpu or cuda",
+              "toString", True),
 )
 OBJECT_PARAMS = (
     ParamSpec("model", None, "torch.nn.Module, zero-argument factory returning one, or a name "

@@ -73,7 +73,10 @@ def test_evaluate_a_model_built_by_a_factory_function_without_trust(spark_local,
     assert main(["train", str(preset), *outputs(tmp_path)]) == 0
     run = tmp_path / "out" / (tmp_path / "out" / "LATEST").read_text().strip()
     trained = json.loads((run / "metrics.json").read_text())
-    # the saved file names a function, which an untrusted load from the file alone refuses
+    # the saved file names a function: a plain load runs the saved torch.export program
+    # instead, and without the program an untrusted load from the file alone refuses
+    assert TorchModel.load(str(run / "model")).input_specs[0].shape == (64,)
+    (run / "model" / "program.json").unlink()
     with pytest.raises(SparkDDLError, match=r"trusted=True"):
         TorchModel.load(str(run / "model"))
     capsys.readouterr()

@@ -1,6 +1,8 @@
 """TorchEstimator -> TorchModel on real Spark (local[2]) with scikit-learn's digits."""
 from __future__ import annotations
 
+import pickle
+
 import torch
 import pytest
 from pyspark.ml import Pipeline, PipelineModel
@@ -71,22 +73,66 @@ def test_pipeline_fit_save_load_gives_identical_predictions(spark_local, tmp_pat
     assert isinstance(loaded.stages[1], TorchModel) and loaded.stages[1].history
 
 
+class _Marker:
+    """Unpickling this creates a file: proof that pickled code ran."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __reduce__(self):
+        return (open, (self.path, "w"))
+
+
 @pytest.mark.timeout(300)
-def test_notebook_model_needs_explicit_trust_or_a_module(digits, tmp_path):
+def test_a_notebook_model_loads_as_a_program_with_no_trust_and_no_pickle(digits, tmp_path):
     train, test = digits
-    model = estimator(tmp_path / "s", epochs=2).fit(train)
+    net = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.ReLU(),
+                              torch.nn.Linear(128, 10))  # as written in a notebook
+    fitted = Pipeline(stages=[estimator(tmp_path / "s", model=net, epochs=2)]).fit(train)
+    path = str(tmp_path / "pipe")
+    fitted.save(path)
+    [pickled] = list((tmp_path / "pipe").glob("stages/*/architecture.pkl"))
+    marker = tmp_path / "pickle-ran"
+    pickled.write_bytes(pickle.dumps(_Marker(str(marker))))  # tampered: loading must not run it
+    loaded = PipelineModel.load(path)
+    want = fitted.transform(test).orderBy("label", "features").select("prediction").collect()
+    got = loaded.transform(test).orderBy("label", "features").select("prediction").collect()
+    assert got == want and not marker.exists()
+    model = loaded.stages[0]
+    assert model.input_specs[0].shape == (64,) and model.export_error == ""
+    assert not isinstance(model.module(), torch.nn.Sequential)  # the program, not the class
+    x = torch.randn(3, 64)
+    assert torch.allclose(model.module()(x), fitted.stages[0].module()(x), atol=1e-5)
+
+
+@pytest.mark.timeout(300)
+def test_a_model_that_cannot_be_exported_needs_trust_or_a_module_and_says_why(digits,
+                                                                            tmp_path):
+    class Branchy(torch.nn.Module):  # data-dependent control flow: torch.export refuses it
+        def __init__(self):
+            super().__init__()
+            self.net = mlp()
+
+        def forward(self, x):
+            return self.net(x) if x.sum() > -1e9 else self.net(-x)
+
+    train, test = digits
+    model = estimator(tmp_path / "s", model=Branchy(), epochs=2).fit(train)
     path = str(tmp_path / "m")
     model.save(path)
-    with pytest.raises(SparkDDLError, match=r"saved as pickled code.*model=MyNet\(\)"):
+    assert model.export_error
+    with pytest.raises(SparkDDLError, match=r"saved as pickled code.*model=MyNet\(\).*"
+                                            r"exporting it failed: \w+"):
         TorchModel.load(path)
     want = model.transform(test).select("prediction").collect()
     with trusted_loading():
         assert TorchModel.load(path).transform(test).select("prediction").collect() == want
-    assert TorchModel.load(path, model=mlp()).transform(test).select("prediction").collect() == want
+    again = TorchModel.load(path, model=Branchy()).transform(test).select("prediction").collect()
+    assert again == want
+    wrong = Branchy()
+    wrong.net = torch.nn.Sequential(torch.nn.Linear(64, 7), torch.nn.ReLU(), torch.nn.Linear(7, 10))
     with pytest.raises(RuntimeError, match="size mismatch"):
-        TorchModel.load(path, model=torch.nn.Sequential(torch.nn.Linear(64, 7),
-                                                        torch.nn.ReLU(),
-                                                        torch.nn.Linear(7, 10)))
+        TorchModel.load(path, model=wrong)
 
 
 @pytest.mark.timeout(400)

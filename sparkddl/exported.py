@@ -1,0 +1,135 @@
+"""Architectures saved as programs: ``torch.export``, loaded without unpickling anything.
+
+A fitted model is exported with its batch dimension dynamic and its feature shapes taken
+from the training data. What is stored is torch.export's own serialization taken apart: the
+graph as JSON, and the tensors it needs (constants, example inputs) written by
+``torch.save`` and read back with ``weights_only=True``; the weights are the model's
+``weights.pt``. ``torch.export.load`` is not used to read it: it falls back to full
+unpickling when a file does not load with ``weights_only`` (and torch < 2.6 always
+unpickles), so a tampered file would run code.
+
+A model that cannot be exported (data-dependent control flow, unsupported operations) is
+saved as before, and the export error is kept to say why it needs trusted loading.
+"""
+from __future__ import annotations
+
+import io
+from dataclasses import dataclass
+from typing import Any, Iterable
+
+GRAPH_FILE = "program.json"
+CONSTANTS_FILE = "program-constants.pt"
+INPUTS_FILE = "program-inputs.pt"
+EXAMPLE_ROWS = 2  # torch.export specializes sizes 0 and 1; the program still takes any batch
+
+
+@dataclass(frozen=True)
+class InputSpec:
+    """One positional input of the model: a feature column, per row."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str  # numpy's name, e.g. float32
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "shape": list(self.shape), "dtype": self.dtype}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "InputSpec":
+        return cls(str(d["name"]), tuple(int(x) for x in d["shape"]), str(d["dtype"]))
+
+
+def input_specs(sample: dict[str, Any], features: Iterable[str]) -> tuple[InputSpec, ...]:
+    """The model's inputs, shaped as a sample of the training data feeds them; float32, as
+    TorchModel.transform feeds them."""
+    return tuple(InputSpec(f, tuple(int(d) for d in sample[f].shape[1:]), "float32")
+                 for f in features)
+
+
+@dataclass(frozen=True)
+class Program:
+    """An exported model without its weights: what is written next to weights.pt."""
+
+    graph: bytes  # the ExportedProgram as torch.export's JSON
+    constants: bytes  # torch.save bytes
+    example_inputs: bytes  # torch.save bytes
+    parameters: tuple[str, ...]  # which state-dict entries are parameters (not buffers)
+
+
+class ExportFailed(Exception):
+    """The model could not be exported; the message says why."""
+
+
+def export(module: Any, inputs: tuple[InputSpec, ...]) -> Program:
+    """Export ``module`` (eval mode) with a dynamic batch dimension; ExportFailed if it
+    cannot be."""
+    import numpy as np
+    import torch
+
+    if not inputs:
+        raise ExportFailed("the model's input shapes are unknown (saved by an older sparkddl)")
+    try:
+        from torch._export.serde.serialize import serialize
+        from torch.export import Dim
+        from torch.export import export as torch_export
+    except ImportError as exc:  # a torch without torch.export
+        raise ExportFailed(f"torch {torch.__version__} has no torch.export ({exc})") from exc
+    examples = tuple(torch.from_numpy(np.zeros((EXAMPLE_ROWS, *s.shape), dtype=s.dtype))
+                     for s in inputs)
+    batch = Dim("batch")
+    was_training = module.training
+    module.eval()
+    try:
+        program = torch_export(module, examples,
+                               dynamic_shapes=tuple({0: batch} for _ in examples))
+        artifact = serialize(program)
+    except Exception as exc:  # torch raises many kinds; all mean "not exportable"
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        raise ExportFailed(f"{type(exc).__name__}: {first[:500]}") from exc
+    finally:
+        module.train(was_training)
+    return Program(artifact.exported_program, artifact.constants, artifact.example_inputs,
+                   tuple(n for n, _ in module.named_parameters()))
+
+
+def load(program: Program, state: dict[str, Any], device: Any = "cpu") -> Any:
+    """The exported model holding ``state``, as a callable torch module (it was exported in
+    eval mode); no pickled code is run."""
+    import torch
+    from torch._export.serde.serialize import SerializedArtifact, deserialize
+
+    params = set(program.parameters)
+    weights = {k: torch.nn.Parameter(v, requires_grad=False) if k in params else v
+               for k, v in state.items()}
+    artifact = SerializedArtifact(program.graph, weights,  # type: ignore[arg-type]
+                                  _tensors(program.constants, {}),
+                                  _tensors(program.example_inputs, ()))
+    program_ = deserialize(artifact)
+    if str(device) == "cpu":
+        return program_.module()  # exported in eval mode: it stays so
+    try:  # constants made inside the graph move too, not only the weights
+        from torch.export.passes import move_to_device_pass
+    except ImportError:  # torch < 2.6
+        return program_.module().to(device)
+    return move_to_device_pass(program_, str(device)).module()
+
+
+def _tensors(data: bytes, empty: Any) -> Any:
+    import torch
+    return torch.load(io.BytesIO(data), weights_only=True) if data else empty
+
+
+# ---- on disk, in a model's folder ----
+
+def write(store: Any, program: Program) -> None:
+    for name, data in ((GRAPH_FILE, program.graph), (CONSTANTS_FILE, program.constants),
+                       (INPUTS_FILE, program.example_inputs)):
+        store.write_bytes(store.url(name), data)
+
+
+def read(store: Any, parameters: Iterable[str]) -> Program | None:
+    if not store.exists(store.url(GRAPH_FILE)):
+        return None
+    return Program(store.read_bytes(store.url(GRAPH_FILE)),
+                   store.read_bytes(store.url(CONSTANTS_FILE)),
+                   store.read_bytes(store.url(INPUTS_FILE)), tuple(parameters))

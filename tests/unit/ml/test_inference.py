@@ -1,0 +1,55 @@
+"""TorchModel.transform's executor side: the device it runs on and the batches it feeds."""
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from sparkddl.errors import ConfigError
+from sparkddl.ml.inference import _predict_frames, check_device, resolve_device
+from sparkddl.problems import Problem
+from tests.stacks import needs_gpu
+
+
+def test_the_device_follows_the_choice_the_training_and_the_executor():
+    assert resolve_device("auto", False, True, ["1"]) == "cpu"  # trained on CPU
+    assert resolve_device("auto", True, True, ["1"]) == "cuda:1"  # the task's own GPU
+    assert resolve_device("auto", True, True, []) == "cuda:0"
+    assert resolve_device("auto", True, False, []) == "cpu"  # no GPU here: CPU, as asked
+    assert resolve_device("cuda", False, True, []) == "cuda:0"
+    assert resolve_device("cpu", True, True, ["0"]) == "cpu"
+    with pytest.raises(ConfigError, match="inferenceDevice='cuda' but torch on executor"):
+        resolve_device("cuda", False, False, [])
+    with pytest.raises(ConfigError, match="unknown inferenceDevice 'gpu'; choose one of auto"):
+        check_device("gpu")
+
+
+def _frames(rows=10, width=4):
+    rng = np.random.default_rng(0)
+    return [pd.DataFrame({"x": list(rng.standard_normal((rows, width)).astype(np.float32))})]
+
+
+def _predict(module, device, batch_rows=3):
+    [out] = list(_predict_frames(module, ["x"], Problem.MULTICLASS, batch_rows, {},
+                                 iter(_frames()), device))
+    return out
+
+
+def test_batches_of_a_frame_give_what_one_forward_pass_gives():
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 3).eval()
+    out = _predict(net, "cpu")
+    x = torch.from_numpy(np.stack(_frames()[0]["x"].to_numpy()))
+    want = net(x).argmax(1).double().numpy()
+    assert out["prediction"].tolist() == want.tolist() and len(out) == 10
+
+
+@needs_gpu
+def test_on_cuda_the_predictions_match_the_cpu():
+    torch.manual_seed(0)
+    net = torch.nn.Linear(4, 3).eval()
+    on_cpu = _predict(net, "cpu")
+    on_gpu = _predict(net.to("cuda:0"), "cuda:0")
+    assert on_gpu["prediction"].tolist() == on_cpu["prediction"].tolist()
+    assert np.allclose(np.stack(on_gpu["raw"]), np.stack(on_cpu["raw"]), atol=1e-5)
