@@ -7,6 +7,7 @@ worker is restored when the task ends.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import socket
@@ -179,7 +180,7 @@ def rank_environment(spec: TaskSpec, spark_ctx: Any, channel: RankChannel,
     saved = (torch.get_num_threads(), torch.get_rng_state())
     ok = False
     with _patched_environ(_torchrun_env(ctx, threads)), \
-            pinned(ctx.local_rank, ctx.local_world_size, threads) as cpus:
+            pinned(ctx.local_rank, ctx.local_world_size, threads) as cpus, kept_groups():
         if gpus:
             note_visible_devices()
         torch.set_num_threads(threads)
@@ -225,13 +226,41 @@ def release_process_groups() -> None:
     import torch.distributed as dist
     if not dist.is_initialized():
         return
+    _RETIRED.extend(_registered_groups())
+    dist.destroy_process_group()
+
+
+def _registered_groups() -> list[Any]:
+    import torch.distributed as dist
+    if not dist.is_initialized():
+        return []
     try:
         from torch.distributed.distributed_c10d import _world
-        groups = list(_world.pg_map)  # the default group and every subgroup
+        return list(_world.pg_map)  # the default group and every subgroup
     except (ImportError, AttributeError):  # a torch without the registry: the default one
-        groups = [dist.group.WORLD]
-    _RETIRED.extend(groups)
-    dist.destroy_process_group()
+        return [dist.group.WORLD]
+
+
+@contextmanager
+def kept_groups() -> Iterator[None]:
+    """While a rank's function runs, ``destroy_process_group`` (which torchrun-style code
+    calls at its end, as pyspark's TorchDistributor examples do) keeps the groups it ends,
+    like release_process_groups."""
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    saved = (dist.destroy_process_group, c10d.destroy_process_group)
+    original = saved[1]
+
+    @functools.wraps(original)
+    def destroy_process_group(group: Any = None) -> None:
+        _RETIRED.extend(_registered_groups() if group is None else [group])
+        original(group)
+
+    dist.destroy_process_group = c10d.destroy_process_group = destroy_process_group
+    try:
+        yield
+    finally:
+        dist.destroy_process_group, c10d.destroy_process_group = saved
 
 
 def _rendezvous(spec: TaskSpec, rank: int, master_host: str, channel: RankChannel,

@@ -49,3 +49,34 @@ def test_ended_groups_are_kept_out_of_the_garbage_collector_and_a_new_one_starts
         assert got["running"] > got["start"]  # the subgroup's gloo threads
         assert got["kept"] == got["running"]  # ended, not freed: nothing for gc to destroy
         assert got["again"] == [10.0, 11.0]
+
+
+def _destroy_it_yourself(rank, world):
+    import gc
+
+    import torch
+    import torch.distributed as dist
+
+    from sparkddl.task.bootstrap import kept_groups
+
+    with kept_groups():  # as while a rank's function runs
+        sub = dist.new_group(list(range(world)))
+        steps = [torch.zeros(1) for _ in range(world)]
+        dist.all_gather(steps, torch.tensor([float(rank)]), group=sub)
+        running = _threads()
+        dist.destroy_process_group(sub)  # torchrun-style code ends its groups itself
+        del sub
+        dist.destroy_process_group()
+        gc.collect()
+        kept = _threads()
+    patched_back = dist.destroy_process_group.__module__ == "torch.distributed.distributed_c10d"
+    return {"running": running, "kept": kept, "restored": patched_back,
+            "initialized": dist.is_initialized()}
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="counts threads in /proc")
+@pytest.mark.timeout(120)
+def test_groups_a_function_destroys_itself_are_kept_too():
+    for got in run_ranks(_destroy_it_yourself, timeout_s=90):
+        assert got["kept"] == got["running"] and not got["initialized"]
+        assert got["restored"]  # torch's own function again once the rank's function ends
