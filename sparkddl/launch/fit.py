@@ -17,6 +17,7 @@ from sparkddl.config import TrainConfig
 from sparkddl.data import PreparedData
 from sparkddl.errors import ConfigError, TrainingFailedError
 from sparkddl.launch import preflight
+from sparkddl.launch.bounded import bounded_jobs
 from sparkddl.launch.callbacks import Callbacks
 from sparkddl.launch.checks import ProblemInfo
 from sparkddl.launch.connect import cluster_context
@@ -97,7 +98,8 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
     # unknown names and options; what the installed torch cannot run on these devices
     strategies.create(config.strategy, config.strategy_options).check_device(
         "cuda" if config.use_gpu else "cpu")
-    inputs = fit_inputs(df, model, optimizer, loss, config)
+    with bounded_jobs(sc, config.timeout_s, "while preparing the data"):
+        inputs = fit_inputs(df, model, optimizer, loss, config)
     store, data = inputs.store, inputs.data
     run_id = config.run_id or new_run_id()
     plan = shard_plan(data, config, config.num_workers)

@@ -146,6 +146,29 @@ def test_torch_estimator_fits_and_transforms_on_connect(spark_connect, tmp_path)
     assert again.history and len(list((tmp_path / "store" / "data").iterdir())) == 1
 
 
+def _stuck(label):
+    time.sleep(600)  # a task that never ends
+    return label
+
+
+@pytest.mark.timeout(240)
+def test_a_data_job_that_never_ends_is_cancelled_through_its_tag(spark_connect, tmp_path):
+    from pyspark.sql import functions as F
+
+    x, y = _arrays()
+    rows = [(r.tolist(), int(v)) for r, v in zip(x[:200], y[:200])]
+    df = spark_connect.createDataFrame(rows, "features array<float>, label int")
+    df = df.withColumn("label", F.udf(_stuck, "int")(F.col("label")))
+    est = TorchEstimator(model=mlp(), optimizer="adam", loss="cross_entropy", epochs=1,
+                         numWorkers=2, store=str(tmp_path / "store"), progress=False, timeout=8)
+    started = time.monotonic()
+    with pytest.raises(TrainingFailedError, match=r"timed out after 8s while preparing the data"):
+        est.fit(df)
+    assert time.monotonic() - started < 60
+    assert spark_connect.getTags() == set()  # the tag is gone again
+    assert spark_connect.range(5).count() == 5
+
+
 @pytest.mark.timeout(300)
 def test_a_fitted_model_transforms_a_connect_dataframe(spark_connect):
     """Weights travel inside the pandas UDF (Connect has no broadcasts)."""

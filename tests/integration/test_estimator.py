@@ -9,7 +9,8 @@ from pyspark.ml import Pipeline, PipelineModel
 from pyspark.ml.feature import VectorAssembler
 from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
 
-from sparkddl import ConfigError, SparkDDLError, TorchEstimator, TorchModel, trusted_loading
+from sparkddl import (ConfigError, SparkDDLError, TorchEstimator, TorchModel, TrainingFailedError,
+                      trusted_loading)
 from sparkddl.config import TrainConfig
 from sparkddl.launch.fit import fit
 from sparkddl.models import MLP
@@ -274,3 +275,31 @@ def test_labels_beyond_the_model_outputs(spark_local, tmp_path):
 def test_missing_model(spark_local, tmp_path):
     with pytest.raises(ConfigError, match="TorchEstimator needs model="):
         TorchEstimator(loss="mse", optimizer="adam").fit(digits_df(spark_local))
+
+
+def _stuck(label):
+    import time
+    time.sleep(600)  # a task that never ends, as a wedged Python worker's would not
+    return label
+
+
+@pytest.mark.timeout(240)
+def test_a_data_job_that_never_ends_is_cancelled_when_the_fit_times_out(spark_local, tmp_path):
+    import time
+
+    from pyspark.sql import functions as F
+
+    stuck = F.udf(_stuck, "int")
+    df = digits_df(spark_local).withColumn("label", stuck(F.col("label")))
+    sc = spark_local.sparkContext
+    sc.setJobGroup("mine", "the caller's own group")
+    started = time.monotonic()
+    with pytest.raises(TrainingFailedError,
+                       match=r"timed out after 8s while preparing the data \(its Spark jobs"):
+        estimator(tmp_path, epochs=1, timeout=8).fit(df)
+    assert time.monotonic() - started < 60  # not the task's 600 s
+    assert sc.getLocalProperty("spark.jobGroup.id") == "mine"  # as it was
+    sc.setLocalProperty("spark.jobGroup.id", None)
+    sc.setLocalProperty("spark.job.description", None)
+    sc.setLocalProperty("spark.job.interruptOnCancel", None)
+    assert spark_local.range(5).count() == 5  # the session goes on
