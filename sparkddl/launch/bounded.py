@@ -44,8 +44,9 @@ def bounded_jobs(sc: Any, timeout_s: float | None, what: str) -> Iterator[None]:
         yield
     except Exception as exc:
         if expired.is_set():
+            text = str(exc).strip()
             raise TrainingFailedError(
-                [], spark_error=str(exc).strip().splitlines()[0][:500] if str(exc) else "",
+                [], spark_error=text.splitlines()[0][:500] if text else "",
                 reason=f"timed out after {timeout_s:g}s {what} (its Spark jobs were "
                        "cancelled); raise timeout, or look for a stuck task in the Spark "
                        "UI") from exc

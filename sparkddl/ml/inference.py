@@ -87,9 +87,11 @@ def check_device(choice: str) -> None:
 
 
 def resolve_device(choice: str, trained_on_gpu: bool, cuda_available: bool,
-                   gpus: list[str]) -> str:
+                   gpus: list[str], visible_at_init: str | None = None) -> str:
     """Where this task runs the model: ``cuda:<i>`` (the task's Spark-assigned GPU, else the
-    first) or ``cpu``. "auto" picks CUDA only for models trained with useGpu."""
+    first) or ``cpu``. "auto" picks CUDA only for models trained with useGpu.
+    ``visible_at_init``: CUDA_VISIBLE_DEVICES when a training task of this reused worker
+    initialized CUDA (devices are numbered as it saw them), else None (all are visible)."""
     if choice == "cuda" and not cuda_available:
         import socket
         raise ConfigError(
@@ -97,7 +99,12 @@ def resolve_device(choice: str, trained_on_gpu: bool, cuda_available: bool,
             "GPU; use inferenceDevice='auto' or 'cpu', or run transform on GPU executors")
     if choice == "cpu" or not cuda_available or (choice == "auto" and not trained_on_gpu):
         return "cpu"
-    return f"cuda:{int(gpus[0]) if gpus and gpus[0].isdigit() else 0}"
+    if not gpus:
+        return "cuda:0"
+    if visible_at_init is not None:
+        from sparkddl.task.dist import device_index
+        return f"cuda:{device_index(gpus[0], True, visible_at_init)}"
+    return f"cuda:{int(gpus[0]) if gpus[0].isdigit() else 0}"
 
 
 def udf_function(payload_bc: Any, features: list[str], kind: str, batch_rows: int,
@@ -120,7 +127,9 @@ def predict_batches(payload_bc: Any, features: list[str], kind: str, batch_rows:
     ctx = TaskContext.get()
     gpus = list(ctx.resources()["gpu"].addresses) if ctx is not None and \
         "gpu" in ctx.resources() else []
-    where = resolve_device(device, trained_on_gpu, torch.cuda.is_available(), gpus)
+    from sparkddl.task.dist import visible_at_cuda_init
+    where = resolve_device(device, trained_on_gpu, torch.cuda.is_available(), gpus,
+                           visible_at_cuda_init())
     saved = torch.get_num_threads()  # the Python worker outlives this task
     if ctx is not None:
         torch.set_num_threads(max(1, int(ctx.cpus())))

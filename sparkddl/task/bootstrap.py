@@ -218,27 +218,29 @@ def rank_environment(spec: TaskSpec, spark_ctx: Any, channel: RankChannel,
 # destroy_process_group itself hung 1 run in 3. A group that is never freed cannot
 # deadlock there. What it keeps: gloo's idle threads and sockets (NCCL communicators are
 # shut down by destroy_process_group), until Spark ends the worker (idle for a minute).
-_RETIRED: list[Any] = []
+_RETIRED: set[Any] = set()
 
 
 def release_process_groups() -> None:
     """End this process's process groups without freeing them (see _RETIRED)."""
     import torch.distributed as dist
-    if not dist.is_initialized():
-        return
-    _RETIRED.extend(_registered_groups())
-    dist.destroy_process_group()
+    if dist.is_initialized():
+        _retire()
+        dist.destroy_process_group()
 
 
-def _registered_groups() -> list[Any]:
+def _retire(group: Any = None) -> None:
+    """Keep what ``destroy_process_group(group)`` is about to end: ``group``, or (None)
+    the default group and every subgroup."""
     import torch.distributed as dist
-    if not dist.is_initialized():
-        return []
-    try:
-        from torch.distributed.distributed_c10d import _world
-        return list(_world.pg_map)  # the default group and every subgroup
-    except (ImportError, AttributeError):  # a torch without the registry: the default one
-        return [dist.group.WORLD]
+    if group is not None:
+        _RETIRED.add(group)
+    elif dist.is_initialized():
+        try:
+            from torch.distributed.distributed_c10d import _world
+            _RETIRED.update(_world.pg_map)
+        except (ImportError, AttributeError):  # a torch without the registry
+            _RETIRED.add(dist.group.WORLD)
 
 
 @contextmanager
@@ -253,7 +255,7 @@ def kept_groups() -> Iterator[None]:
 
     @functools.wraps(original)
     def destroy_process_group(group: Any = None) -> None:
-        _RETIRED.extend(_registered_groups() if group is None else [group])
+        _retire(group)
         original(group)
 
     dist.destroy_process_group = c10d.destroy_process_group = destroy_process_group

@@ -60,6 +60,13 @@ def note_visible_devices() -> None:
         _visible_at_cuda_init = os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
+def visible_at_cuda_init() -> str | None:
+    """CUDA_VISIBLE_DEVICES as a task of this process saw it when it initialized CUDA, or
+    None (CUDA not initialized by a rank, so every device is numbered as the host sees it)."""
+    import torch
+    return _visible_at_cuda_init if torch.cuda.is_initialized() else None
+
+
 def local_device_index() -> int:
     """The CUDA device index this rank should use.
 

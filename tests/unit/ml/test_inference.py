@@ -6,7 +6,7 @@ import pandas as pd
 import pytest
 import torch
 
-from sparkddl.errors import ConfigError
+from sparkddl.errors import ClusterError, ConfigError
 from sparkddl.ml.inference import _predict_frames, check_device, resolve_device
 from sparkddl.problems import Problem
 from tests.stacks import needs_gpu
@@ -19,6 +19,10 @@ def test_the_device_follows_the_choice_the_training_and_the_executor():
     assert resolve_device("auto", True, False, []) == "cpu"  # no GPU here: CPU, as asked
     assert resolve_device("cuda", False, True, []) == "cuda:0"
     assert resolve_device("cpu", True, True, ["0"]) == "cpu"
+    # a training task of this reused worker initialized CUDA seeing only GPUs 1 and 2
+    assert resolve_device("auto", True, True, ["2"], visible_at_init="1,2") == "cuda:1"
+    with pytest.raises(ClusterError, match="spark.python.worker.reuse=false"):
+        resolve_device("auto", True, True, ["0"], visible_at_init="1,2")
     with pytest.raises(ConfigError, match="inferenceDevice='cuda' but torch on executor"):
         resolve_device("cuda", False, False, [])
     with pytest.raises(ConfigError, match="unknown inferenceDevice 'gpu'; choose one of auto"):
