@@ -13,13 +13,12 @@ saved as before, and the export error is kept to say why it needs trusted loadin
 """
 from __future__ import annotations
 
-import io
 from dataclasses import dataclass
 from typing import Any, Iterable
 
-GRAPH_FILE = "program.json"
-CONSTANTS_FILE = "program-constants.pt"
-INPUTS_FILE = "program-inputs.pt"
+from sparkddl.portable import (CONSTANTS_FILE, GRAPH_FILE, INPUTS_FILE, deserialize_program,
+                               load_program)
+
 EXAMPLE_ROWS = 2  # torch.export specializes sizes 0 and 1; the program still takes any batch
 
 
@@ -95,28 +94,14 @@ def export(module: Any, inputs: tuple[InputSpec, ...]) -> Program:
 def load(program: Program, state: dict[str, Any], device: Any = "cpu") -> Any:
     """The exported model holding ``state``, as a callable torch module (it was exported in
     eval mode); no pickled code is run."""
-    import torch
-    from torch._export.serde.serialize import SerializedArtifact, deserialize
-
-    params = set(program.parameters)
-    weights = {k: torch.nn.Parameter(v, requires_grad=False) if k in params else v
-               for k, v in state.items()}
-    artifact = SerializedArtifact(program.graph, weights,  # type: ignore[arg-type]
-                                  _tensors(program.constants, {}),
-                                  _tensors(program.example_inputs, ()))
-    program_ = deserialize(artifact)
-    if str(device) == "cpu":
-        return program_.module()  # exported in eval mode: it stays so
-    try:  # constants made inside the graph move too, not only the weights
-        from torch.export.passes import move_to_device_pass
-    except ImportError:  # torch < 2.6
-        return program_.module().to(device)
-    return move_to_device_pass(program_, str(device)).module()
+    return load_program(program.graph, program.constants, program.example_inputs,
+                        program.parameters, state, device)
 
 
-def _tensors(data: bytes, empty: Any) -> Any:
-    import torch
-    return torch.load(io.BytesIO(data), weights_only=True) if data else empty
+def program_of(program: Program, state: dict[str, Any]) -> Any:
+    """The ``torch.export.ExportedProgram`` holding ``state`` (e.g. for torch.export.save)."""
+    return deserialize_program(program.graph, program.constants, program.example_inputs,
+                               program.parameters, state)
 
 
 # ---- on disk, in a model's folder ----

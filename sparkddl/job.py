@@ -60,7 +60,7 @@ def run_train(cfg: JobConfig) -> dict[str, Any]:
     train_df, test_df = split_data(spark, cfg)
     t = cfg.train_config()
     est = TorchEstimator(model=_model(cfg), optimizer=_optimizer(cfg), loss=cfg.loss.name,
-                         **params.param_values(t))
+                         mlflow=bool(cfg.output.mlflow), **params.param_values(t))
     started = time.perf_counter()
     model = est.fit(train_df)
     fit_s = time.perf_counter() - started
@@ -71,7 +71,10 @@ def run_train(cfg: JobConfig) -> dict[str, Any]:
     print_metrics(model, metrics, fit_s)
     print(f"run {model.run_id}: model {paths['model']}\n  history {paths['history']}\n"
           f"  curves  {paths['plot']}\n  metrics {run_dir}/metrics.json")
-    return {"run_id": model.run_id, "metrics": metrics, "fit_s": fit_s, **paths}
+    if model.mlflow_model_uri:
+        print(f"  mlflow  {model.mlflow_model_uri}")
+    return {"run_id": model.run_id, "metrics": metrics, "fit_s": fit_s,
+            "mlflow_model_uri": model.mlflow_model_uri, **paths}
 
 
 def run_evaluate(cfg: JobConfig, model_path: str | None = None) -> dict[str, Any]:

@@ -83,6 +83,7 @@ TrainSection = _section_from_config("train", [])
 @dataclass
 class OutputSection:
     dir: str = "runs"  # each run writes <dir>/<run id>/
+    mlflow: bool = False  # log to MLflow (TorchEstimator's mlflow=True)
 
 
 @dataclass

@@ -82,6 +82,33 @@ def spark(request):
     return spark_session(MASTERS[request.param])
 
 
+@pytest.fixture
+def mlflow_store(tmp_path):
+    """A real MLflow tracking store (sqlite, artifacts under tmp_path) as the current tracking
+    URI and experiment; MLflow's globals and environment variables are restored after."""
+    mlflow = pytest.importorskip("mlflow")
+    from mlflow.tracking import fluent
+    from mlflow.tracking._tracking_service import utils
+    names = ("MLFLOW_TRACKING_URI", "MLFLOW_EXPERIMENT_ID")
+    saved = utils._tracking_uri, fluent._active_experiment_id, \
+        {k: os.environ.get(k) for k in names}
+    mlflow.set_tracking_uri(f"sqlite:///{tmp_path}/mlflow.db")
+    mlflow.set_experiment(experiment_id=mlflow.create_experiment(
+        "sparkddl-tests", artifact_location=(tmp_path / "artifacts").as_uri()))
+    try:
+        yield mlflow.tracking.MlflowClient()
+    finally:
+        while mlflow.active_run():
+            mlflow.end_run()
+        utils.set_tracking_uri(saved[0])
+        fluent._active_experiment_id = saved[1]
+        for k, v in saved[2].items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
 def _order(item: pytest.Item) -> int:
     names = getattr(item, "fixturenames", ())
     param = getattr(getattr(item, "callspec", None), "params", {}).get("spark")

@@ -1,9 +1,11 @@
 """User callbacks, run on the driver: ``on_fit_start(estimator)``, ``on_epoch_end(row)``
 (return True to stop training; the ranks agree on it after the same step, as with early
-stopping), ``on_snapshot(epoch, state_dict)`` and ``on_fit_end(model)``. A callback may
-define any subset. One that raises fails the fit with its name, except ``on_epoch_end`` and
-``on_snapshot``, which run while the ranks train: their errors are kept with the fit's
-evaluation errors and logged, and training goes on."""
+stopping), ``on_snapshot(epoch, state_dict)``, ``on_restart(restart)`` (a failed attempt,
+before the ranks are relaunched; see sparkddl.launch.restarts.Restart) and
+``on_fit_end(model)``. A callback may define any subset. One that raises fails the fit with
+its name, except ``on_epoch_end``, ``on_snapshot`` and ``on_restart``, which run while the
+fit goes on: their errors are kept with the fit's evaluation errors and logged, and training
+goes on."""
 from __future__ import annotations
 
 import logging
@@ -13,7 +15,7 @@ from sparkddl.errors import ConfigError
 
 log = logging.getLogger(__name__)
 
-HOOKS = ("on_fit_start", "on_epoch_end", "on_snapshot", "on_fit_end")
+HOOKS = ("on_fit_start", "on_epoch_end", "on_snapshot", "on_restart", "on_fit_end")
 
 
 class Callbacks:
@@ -58,6 +60,9 @@ class Callbacks:
 
     def snapshot(self, epoch: int, state: dict[str, Any]) -> None:
         self._call("on_snapshot", epoch, state, guarded=True)
+
+    def restart(self, restart: Any) -> None:
+        self._call("on_restart", restart, guarded=True)
 
     def fit_end(self, model: Any) -> None:
         self._call("on_fit_end", model)

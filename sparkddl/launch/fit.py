@@ -169,6 +169,7 @@ def _attempts(sc: Any, spec: TrainSpec, config: TrainConfig, store: Store,
                 raise final from exc
             restarts.append(record_restart(attempt, exc, store, spec.run_id,
                                            spec.plan.steps_per_epoch, hook.steps))
+            evaluator.callbacks.restart(restarts[-1])
             hook.pending = restarts[-1]
             policy.wait_for_slots(sc)
         attempt += 1

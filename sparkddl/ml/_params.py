@@ -124,7 +124,11 @@ class HasTorchEstimatorParams(HasTorchModelParams):
         typeConverter=TypeConverters.identity)
     callbacks: Param = Param(
         Params._dummy(), 'callbacks',
-        'objects with any of on_fit_start(estimator), on_epoch_end(row) -> bool (True stops training), on_snapshot(epoch, state_dict), on_fit_end(model); they run on the driver',
+        'objects with any of on_fit_start(estimator), on_epoch_end(row) -> bool (True stops training), on_snapshot(epoch, state_dict), on_fit_end(model), on_restart(restart); they run on the driver',
+        typeConverter=TypeConverters.identity)
+    mlflow: Param = Param(
+        Params._dummy(), 'mlflow',
+        'log params, per-epoch metrics, restarts and the model to MLflow from the driver: None logs when an MLflow run is active, True also starts a run when none is, False turns it off',
         typeConverter=TypeConverters.identity)
     labelCol: Param = Param(
         Params._dummy(), 'labelCol',
@@ -285,17 +289,17 @@ class HasTorchEstimatorParams(HasTorchModelParams):
 
     def __init__(self) -> None:
         super().__init__()
-        self._setDefault(model=None, optimizer=None, loss=None, callbacks=None, labelCol='label',
-                sampleWeightCol=None, epochs=10, batchSize=32, numWorkers=2, validation=None,
-                store='file:///tmp/sparkddl', seed=0, snapshotEvery=1, bestBy=None,
-                bestByMode='auto', earlyStoppingPatience=0, finalWeights='best', learningRate=None,
-                metrics=None, shuffleBufferSize=10000, readerWorkers=2, readerPool='thread',
-                reader='auto', useGpu=False, timeout=None, lrScheduler=None, lrSchedulerOptions={},
-                lrSchedulerInterval='epoch', precision='32', backwardPassesPerStep=1,
-                gradientClipNorm=None, gradientClipValue=None, trainStep=None,
-                onNonFiniteLoss='raise', strategy='allreduce', strategyOptions={}, progress=True,
-                checkpointEvery=1, checkpointEverySteps=0, keepCheckpoints=3, maxRestarts=2,
-                runId=None, watchdogTimeout=900.0)
+        self._setDefault(model=None, optimizer=None, loss=None, callbacks=None, mlflow=None,
+                labelCol='label', sampleWeightCol=None, epochs=10, batchSize=32, numWorkers=2,
+                validation=None, store='file:///tmp/sparkddl', seed=0, snapshotEvery=1,
+                bestBy=None, bestByMode='auto', earlyStoppingPatience=0, finalWeights='best',
+                learningRate=None, metrics=None, shuffleBufferSize=10000, readerWorkers=2,
+                readerPool='thread', reader='auto', useGpu=False, timeout=None, lrScheduler=None,
+                lrSchedulerOptions={}, lrSchedulerInterval='epoch', precision='32',
+                backwardPassesPerStep=1, gradientClipNorm=None, gradientClipValue=None,
+                trainStep=None, onNonFiniteLoss='raise', strategy='allreduce', strategyOptions={},
+                progress=True, checkpointEvery=1, checkpointEverySteps=0, keepCheckpoints=3,
+                maxRestarts=2, runId=None, watchdogTimeout=900.0)
 
     def setModel(self, value: Any) -> Any:
         """Sets model: torch.nn.Module, zero-argument factory returning one, or a name (mlp, cnn, package.module:factory)"""
@@ -322,12 +326,20 @@ class HasTorchEstimatorParams(HasTorchModelParams):
         return self.getOrDefault(self.loss)
 
     def setCallbacks(self, value: Any) -> Any:
-        """Sets callbacks: objects with any of on_fit_start(estimator), on_epoch_end(row) -> bool (True stops training), on_snapshot(epoch, state_dict), on_fit_end(model); they run on the driver"""
+        """Sets callbacks: objects with any of on_fit_start(estimator), on_epoch_end(row) -> bool (True stops training), on_snapshot(epoch, state_dict), on_fit_end(model), on_restart(restart); they run on the driver"""
         return self._set(callbacks=value)
 
     def getCallbacks(self) -> Any:
-        """callbacks: objects with any of on_fit_start(estimator), on_epoch_end(row) -> bool (True stops training), on_snapshot(epoch, state_dict), on_fit_end(model); they run on the driver"""
+        """callbacks: objects with any of on_fit_start(estimator), on_epoch_end(row) -> bool (True stops training), on_snapshot(epoch, state_dict), on_fit_end(model), on_restart(restart); they run on the driver"""
         return self.getOrDefault(self.callbacks)
+
+    def setMlflow(self, value: Any) -> Any:
+        """Sets mlflow: log params, per-epoch metrics, restarts and the model to MLflow from the driver: None logs when an MLflow run is active, True also starts a run when none is, False turns it off"""
+        return self._set(mlflow=value)
+
+    def getMlflow(self) -> Any:
+        """mlflow: log params, per-epoch metrics, restarts and the model to MLflow from the driver: None logs when an MLflow run is active, True also starts a run when none is, False turns it off"""
+        return self.getOrDefault(self.mlflow)
 
     def setLabelCol(self, value: Any) -> Any:
         """Sets labelCol: label column name, or a list of them (the model then returns one output per label; the loss is summed over the pairs)"""
@@ -647,16 +659,17 @@ class TorchEstimatorBase(Estimator, HasTorchEstimatorParams):
 
     @keyword_only
     def __init__(self, *, model: Any = None, optimizer: Any = None, loss: Any = None,
-            callbacks: Any = None, featuresCol: Any = 'features', labelCol: Any = 'label',
-            sampleWeightCol: Any = None, epochs: Any = 10, batchSize: Any = 32,
-            numWorkers: Any = 2, validation: Any = None, store: Any = 'file:///tmp/sparkddl',
-            seed: Any = 0, snapshotEvery: Any = 1, bestBy: Any = None, bestByMode: Any = 'auto',
-            earlyStoppingPatience: Any = 0, finalWeights: Any = 'best', learningRate: Any = None,
-            metrics: Any = None, featureShapes: Any = {}, shuffleBufferSize: Any = 10000,
-            readerWorkers: Any = 2, readerPool: Any = 'thread', reader: Any = 'auto',
-            useGpu: Any = False, timeout: Any = None, lrScheduler: Any = None,
-            lrSchedulerOptions: Any = {}, lrSchedulerInterval: Any = 'epoch',
-            precision: Any = '32', backwardPassesPerStep: Any = 1, gradientClipNorm: Any = None,
+            callbacks: Any = None, mlflow: Any = None, featuresCol: Any = 'features',
+            labelCol: Any = 'label', sampleWeightCol: Any = None, epochs: Any = 10,
+            batchSize: Any = 32, numWorkers: Any = 2, validation: Any = None,
+            store: Any = 'file:///tmp/sparkddl', seed: Any = 0, snapshotEvery: Any = 1,
+            bestBy: Any = None, bestByMode: Any = 'auto', earlyStoppingPatience: Any = 0,
+            finalWeights: Any = 'best', learningRate: Any = None, metrics: Any = None,
+            featureShapes: Any = {}, shuffleBufferSize: Any = 10000, readerWorkers: Any = 2,
+            readerPool: Any = 'thread', reader: Any = 'auto', useGpu: Any = False,
+            timeout: Any = None, lrScheduler: Any = None, lrSchedulerOptions: Any = {},
+            lrSchedulerInterval: Any = 'epoch', precision: Any = '32',
+            backwardPassesPerStep: Any = 1, gradientClipNorm: Any = None,
             gradientClipValue: Any = None, trainStep: Any = None, onNonFiniteLoss: Any = 'raise',
             strategy: Any = 'allreduce', strategyOptions: Any = {}, progress: Any = True,
             checkpointEvery: Any = 1, checkpointEverySteps: Any = 0, keepCheckpoints: Any = 3,
@@ -669,16 +682,17 @@ class TorchEstimatorBase(Estimator, HasTorchEstimatorParams):
 
     @keyword_only
     def setParams(self, *, model: Any = None, optimizer: Any = None, loss: Any = None,
-            callbacks: Any = None, featuresCol: Any = 'features', labelCol: Any = 'label',
-            sampleWeightCol: Any = None, epochs: Any = 10, batchSize: Any = 32,
-            numWorkers: Any = 2, validation: Any = None, store: Any = 'file:///tmp/sparkddl',
-            seed: Any = 0, snapshotEvery: Any = 1, bestBy: Any = None, bestByMode: Any = 'auto',
-            earlyStoppingPatience: Any = 0, finalWeights: Any = 'best', learningRate: Any = None,
-            metrics: Any = None, featureShapes: Any = {}, shuffleBufferSize: Any = 10000,
-            readerWorkers: Any = 2, readerPool: Any = 'thread', reader: Any = 'auto',
-            useGpu: Any = False, timeout: Any = None, lrScheduler: Any = None,
-            lrSchedulerOptions: Any = {}, lrSchedulerInterval: Any = 'epoch',
-            precision: Any = '32', backwardPassesPerStep: Any = 1, gradientClipNorm: Any = None,
+            callbacks: Any = None, mlflow: Any = None, featuresCol: Any = 'features',
+            labelCol: Any = 'label', sampleWeightCol: Any = None, epochs: Any = 10,
+            batchSize: Any = 32, numWorkers: Any = 2, validation: Any = None,
+            store: Any = 'file:///tmp/sparkddl', seed: Any = 0, snapshotEvery: Any = 1,
+            bestBy: Any = None, bestByMode: Any = 'auto', earlyStoppingPatience: Any = 0,
+            finalWeights: Any = 'best', learningRate: Any = None, metrics: Any = None,
+            featureShapes: Any = {}, shuffleBufferSize: Any = 10000, readerWorkers: Any = 2,
+            readerPool: Any = 'thread', reader: Any = 'auto', useGpu: Any = False,
+            timeout: Any = None, lrScheduler: Any = None, lrSchedulerOptions: Any = {},
+            lrSchedulerInterval: Any = 'epoch', precision: Any = '32',
+            backwardPassesPerStep: Any = 1, gradientClipNorm: Any = None,
             gradientClipValue: Any = None, trainStep: Any = None, onNonFiniteLoss: Any = 'raise',
             strategy: Any = 'allreduce', strategyOptions: Any = {}, progress: Any = True,
             checkpointEvery: Any = 1, checkpointEverySteps: Any = 0, keepCheckpoints: Any = 3,

@@ -10,6 +10,7 @@ from sparkddl.launch.fit import FitResult, fit
 from sparkddl.ml import architecture, params
 from sparkddl.ml._params import HasTorchModelParams, TorchEstimatorBase
 from sparkddl.ml.model import TorchModel
+from sparkddl.tracking import MlflowTracking, check_setting
 
 
 class TorchEstimator(TorchEstimatorBase):
@@ -36,11 +37,24 @@ class TorchEstimator(TorchEstimatorBase):
             if not self.isDefined(name) or self.getOrDefault(name) is None:
                 raise ConfigError(f"TorchEstimator needs {name}=...; see help(TorchEstimator)")
         callbacks = Callbacks(self.getOrDefault(self.callbacks))
+        check_setting(self.getOrDefault(self.mlflow))
+        config = self.train_config()
+        config.validate()  # a bad option fails before an MLflow run is started for it
         callbacks.fit_start(self)
-        result = fit(dataset.sparkSession, dataset, self.getOrDefault(self.model),
-                     self.getOrDefault(self.optimizer), self.getOrDefault(self.loss),
-                     self.train_config(), callbacks=callbacks)
+        tracking = MlflowTracking.begin(self.getOrDefault(self.mlflow),
+                                        {p.name: v for p, v in self.extractParamMap().items()})
+        try:
+            result = fit(dataset.sparkSession, dataset, self.getOrDefault(self.model),
+                         self.getOrDefault(self.optimizer), self.getOrDefault(self.loss),
+                         config, callbacks=Callbacks(callbacks.items + [tracking])
+                         if tracking else callbacks)
+        except BaseException as exc:
+            if tracking:
+                tracking.finish(error=exc)
+            raise
         model = self._model_from(result)
+        if tracking:
+            model.mlflow_model_uri = tracking.finish(model, dataset)
         callbacks.fit_end(model)
         return model
 

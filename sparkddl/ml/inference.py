@@ -8,11 +8,10 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-import numpy as np
 import pandas as pd  # module level: pandas_udf resolves the type hints below against it
 
 from sparkddl.errors import ConfigError
-from sparkddl.problems import Problem
+from sparkddl.portable import column, outputs
 
 _models: dict[str, Any] = {}
 _lock = threading.Lock()
@@ -148,39 +147,13 @@ def _predict_frames(module: Any, features: list[str], kind: str, batch_rows: int
     import torch
     cuda = device.startswith("cuda")
     for frame in frames:
-        inputs = [_column(frame[f], shapes.get(f)) for f in features]
-        outputs = []
+        inputs = [column(frame[f], shapes.get(f)) for f in features]
+        results = []
         with torch.no_grad():
             for start in range(0, len(frame), batch_rows):
                 batch = [torch.from_numpy(x[start:start + batch_rows]) for x in inputs]
                 if cuda:
                     batch = [t.pin_memory().to(device, non_blocking=True) for t in batch]
-                outputs.append(module(*batch).float())
-        out = torch.cat(outputs).cpu() if outputs else torch.zeros(0)
-        yield pd.DataFrame(_columns_for(kind, out))
-
-
-def _column(series: Any, shape: list[int] | None) -> np.ndarray:
-    values = series.to_numpy()
-    if values.dtype == object:
-        values = np.stack(values) if len(values) else np.zeros((0, 1))
-    arr = np.ascontiguousarray(values, dtype=np.float32)
-    return arr.reshape((len(arr), *shape)) if shape else arr
-
-
-def _columns_for(kind: str, out: Any) -> dict[str, Any]:
-    import torch
-    if kind == Problem.MULTICLASS:
-        return {"prediction": out.argmax(-1).double().numpy(),
-                "probability": list(torch.softmax(out, -1).double().numpy()),
-                "raw": list(out.double().numpy())}
-    if kind == Problem.BINARY:
-        z = out.reshape(-1).double()
-        p = torch.sigmoid(z)
-        return {"prediction": (z > 0).double().numpy(),
-                "probability": list(torch.stack([1 - p, p], 1).numpy()),
-                "raw": list(torch.stack([-z, z], 1).numpy())}
-    flat = out.reshape(len(out), -1).double()
-    if flat.shape[1] == 1:
-        return {"prediction": flat[:, 0].numpy()}
-    return {"prediction": list(flat.numpy())}
+                results.append(module(*batch).float())
+        out = torch.cat(results).cpu() if results else torch.zeros(0)
+        yield pd.DataFrame(outputs(kind, out))

@@ -30,7 +30,8 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
     ``epochs_done``, ``stopped_early``, ``steps_per_rank``, ``fit_time_s``, ``restarts`` (one
     dict per failed attempt: reason, checkpoint resumed from, steps redone, recovery_s),
     ``input_specs`` (the model's inputs per row), ``export_error`` (why the model could not
-    be saved as a torch.export program, or "").
+    be saved as a torch.export program, or ""), ``mlflow_model_uri`` (where the fit logged
+    the model to MLflow, or None).
 
     Saving also stores the model as a ``torch.export`` program (batch dimension dynamic), so
     ``TorchModel.load`` and ``PipelineModel.load`` need neither the model's code nor trusted
@@ -58,6 +59,7 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
         self.export_error = ""
         self._export_tried = False
         self.trained_on_gpu = False  # inferenceDevice="auto" runs transform on CUDA if so
+        self.mlflow_model_uri: str | None = None  # where the fit logged it to MLflow, if it did
 
     # ---- the model itself ----
     def module(self) -> Any:
@@ -96,13 +98,17 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
                 self.export_error = str(exc)
         return self._program
 
+    def _features(self) -> list[str]:
+        """The feature columns, in the model's input order."""
+        return list(TrainConfig.from_values({"features": self.getFeaturesCol()}).features)
+
     # ---- transform ----
     def _transform(self, dataset: Any) -> Any:
         from pyspark.ml.functions import array_to_vector, vector_to_array
         from pyspark.sql import functions as F
         from pyspark.sql.functions import pandas_udf
 
-        features = list(TrainConfig.from_values({"features": self.getFeaturesCol()}).features)
+        features = self._features()
         check_device(self.getOrDefault(self.inferenceDevice))
         types = {f.name: type(f.dataType).__name__ for f in dataset.schema.fields}
         inputs = []

@@ -125,9 +125,10 @@ def test_bad_input_on_connect_fails_on_the_client(spark_connect, tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_torch_estimator_fits_and_transforms_on_connect(spark_connect, tmp_path):
+def test_torch_estimator_fits_and_transforms_on_connect(spark_connect, tmp_path, mlflow_store):
     """The DataFrame is materialized through the DataFrame API (content-hashed: a Connect
-    plan cannot be inspected), snapshots are evaluated on the client as they arrive."""
+    plan cannot be inspected), snapshots are evaluated on the client as they arrive; the
+    second fit logs to MLflow from the client (its input example read through Connect)."""
     x, y = _arrays()
     rows = [(r.tolist(), int(v), i % 5) for i, (r, v) in enumerate(zip(x, y))]
     df = spark_connect.createDataFrame(rows, "features array<float>, label int, split int")
@@ -142,8 +143,13 @@ def test_torch_estimator_fits_and_transforms_on_connect(spark_connect, tmp_path)
     assert model.steps_per_rank[0] == model.steps_per_rank[1] > 0
     pred = model.transform(test).select("label", "prediction").collect()
     assert sum(r["label"] == r["prediction"] for r in pred) / len(pred) >= 0.9
-    again = est.fit(train)  # the same data: the materialized copy is reused
+    again = est.copy({est.mlflow: True}).fit(train)  # the materialized copy is reused
     assert again.history and len(list((tmp_path / "store" / "data").iterdir())) == 1
+    import mlflow
+    info = mlflow.models.get_model_info(again.mlflow_model_uri)
+    assert info.saved_input_example_info is not None and "python_function" in info.flavors
+    [run] = mlflow.search_runs(output_format="list")
+    assert len(mlflow_store.get_metric_history(run.info.run_id, "val_loss")) == 8
 
 
 def _stuck(label):

@@ -109,9 +109,10 @@ def test_a_lost_executor_is_restarted_from_the_checkpoint(spark_cluster, tmp_pat
 
 
 @pytest.mark.timeout(300)
-def test_resume_inside_an_epoch_from_a_step_checkpoint(spark_local, tmp_path):
+def test_resume_inside_an_epoch_from_a_step_checkpoint(spark_local, tmp_path, mlflow_store):
     loss = FailingLoss(str(tmp_path / "marker"), at_step=STEPS + 12)
-    model = estimator(tmp_path, loss, checkpointEverySteps=5).fit(digits_df(spark_local))
+    model = estimator(tmp_path, loss, checkpointEverySteps=5,
+                      mlflow=True).fit(digits_df(spark_local))
     assert_complete(model)
     [restart] = model.restarts
     # checkpoints every 5 steps of the run: the last before global step 33 is step 30, which
@@ -119,6 +120,14 @@ def test_resume_inside_an_epoch_from_a_step_checkpoint(spark_local, tmp_path):
     assert (restart["resumed_from_epoch"], restart["resumed_from_step"]) == (1, 30 - STEPS)
     assert restart["steps_redone"] == 2  # steps 31 and 32; step 33 failed
     assert [r["attempt"] for r in model.history] == [0, 1, 1, 1]
+    # MLflow: the restart as a tag; the curves have every epoch once the fit is done
+    import mlflow
+    [run] = mlflow.search_runs(output_format="list")
+    assert run.data.tags["sparkddl.restart.0"].startswith(restart["reason"][:50])
+    assert f"resumed from epoch 1 step {30 - STEPS}" in run.data.tags["sparkddl.restart.0"]
+    assert run.data.tags["sparkddl.restarts"] == "1"
+    history = mlflow_store.get_metric_history(run.info.run_id, "attempt")
+    assert {m.step: m.value for m in history} == {1: 0, 2: 1, 3: 1, 4: 1}
 
 
 @pytest.mark.timeout(300)

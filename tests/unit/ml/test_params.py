@@ -51,7 +51,7 @@ def test_every_param_reaches_the_training_config():
     # the rest are passed to fit() directly (model, optimizer, loss, callbacks) or used by
     # the TorchModel
     elsewhere = {"model", "optimizer", "loss", "callbacks", "predictionCol", "probabilityCol",
-                 "rawPredictionCol", "inferenceBatchSize", "inferenceDevice"}
+                 "rawPredictionCol", "inferenceBatchSize", "inferenceDevice", "mlflow"}
     assert set(changed) | elsewhere == {p.name for p in _estimator().params}
     for name, value in changed.items():
         config = _estimator(**{name: value}).train_config()

@@ -1,0 +1,141 @@
+"""What a saved model needs to predict, with only torch, numpy and pandas installed.
+
+This module imports nothing from sparkddl: it is the code executors run in
+``TorchModel.transform`` (through :mod:`sparkddl.ml.inference`), what ``TorchModel.load``
+uses to rebuild an exported model (through :mod:`sparkddl.exported`), and, copied into an
+MLflow model as ``code/sparkddl_portable.py``, the MLflow ``python_function`` loader, so a
+logged model loads and predicts where sparkddl is not installed.
+
+In an MLflow model its folder ``sparkddl/`` holds ``meta.json`` (inputs, task, output
+columns), the weights and the torch.export program's parts; nothing in it is unpickled.
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+from typing import Any
+
+MULTICLASS, BINARY = "multiclass", "binary"  # sparkddl.problems.Problem's values
+
+# file names inside a saved model
+GRAPH_FILE = "program.json"
+CONSTANTS_FILE = "program-constants.pt"
+INPUTS_FILE = "program-inputs.pt"
+WEIGHTS_FILE = "weights.pt"
+META_FILE = "meta.json"
+
+
+def deserialize_program(graph: bytes, constants: bytes, example_inputs: bytes,
+                        parameters: Any, state: dict[str, Any]) -> Any:
+    """The ``torch.export.ExportedProgram`` from torch.export's JSON graph, tensors read with
+    ``weights_only`` and the weights in ``state``; no pickled code is run."""
+    import torch
+    from torch._export.serde.serialize import SerializedArtifact, deserialize
+
+    params = set(parameters)
+    weights = {k: torch.nn.Parameter(v, requires_grad=False) if k in params else v
+               for k, v in state.items()}
+    return deserialize(SerializedArtifact(graph, weights,  # type: ignore[arg-type]
+                                          _tensors(constants, {}),
+                                          _tensors(example_inputs, ())))
+
+
+def load_program(graph: bytes, constants: bytes, example_inputs: bytes,
+                 parameters: Any, state: dict[str, Any], device: Any = "cpu") -> Any:
+    """The exported program holding ``state`` as a callable torch module in eval mode (it
+    was exported so) on ``device``."""
+    program = deserialize_program(graph, constants, example_inputs, parameters, state)
+    if str(device) == "cpu":
+        return program.module()
+    try:  # constants made inside the graph move too, not only the weights
+        from torch.export.passes import move_to_device_pass
+    except ImportError:  # torch < 2.6
+        return program.module().to(device)
+    return move_to_device_pass(program, str(device)).module()
+
+
+def _tensors(data: bytes, empty: Any) -> Any:
+    import torch
+    return torch.load(io.BytesIO(data), weights_only=True) if data else empty
+
+
+def column(series: Any, shape: Any) -> Any:
+    """A feature column (pandas: scalars, or arrays/lists per row) as float32 rows of
+    ``shape`` (None: as they come)."""
+    import numpy as np
+    values = series.to_numpy()
+    if values.dtype == object:
+        values = np.stack([np.asarray(v) for v in values]) if len(values) else np.zeros((0, 1))
+    arr = np.ascontiguousarray(values, dtype=np.float32)
+    return arr.reshape((len(arr), *shape)) if shape else arr
+
+
+def outputs(kind: str, out: Any) -> dict[str, Any]:
+    """The model's raw output batch as prediction columns: prediction (class index for
+    classifiers), probability and raw (per row) for classifiers."""
+    import torch
+    if kind == MULTICLASS:
+        return {"prediction": out.argmax(-1).double().numpy(),
+                "probability": list(torch.softmax(out, -1).double().numpy()),
+                "raw": list(out.double().numpy())}
+    if kind == BINARY:
+        z = out.reshape(-1).double()
+        p = torch.sigmoid(z)
+        return {"prediction": (z > 0).double().numpy(),
+                "probability": list(torch.stack([1 - p, p], 1).numpy()),
+                "raw": list(torch.stack([-z, z], 1).numpy())}
+    flat = out.reshape(len(out), -1).double()
+    if flat.shape[1] == 1:
+        return {"prediction": flat[:, 0].numpy()}
+    return {"prediction": list(flat.numpy())}
+
+
+# ---- the MLflow python_function flavor ----
+
+class Predictor:
+    """``predict(pandas DataFrame with the feature columns)`` -> a DataFrame with the
+    columns TorchModel.transform adds (under the same names)."""
+
+    def __init__(self, folder: str, device: str = "cpu"):
+        import torch
+
+        def read(name: str) -> bytes:
+            with open(os.path.join(folder, name), "rb") as f:
+                return f.read()
+
+        self.meta = json.loads(read(META_FILE))
+        state = torch.load(io.BytesIO(read(WEIGHTS_FILE)), weights_only=True,
+                           map_location="cpu")
+        self.device = device
+        self.module = load_program(read(GRAPH_FILE), read(CONSTANTS_FILE), read(INPUTS_FILE),
+                                   self.meta["parameters"], state, device)
+
+    def predict(self, data: Any, params: Any = None) -> Any:
+        import pandas as pd
+        import torch
+        m = self.meta
+        if not isinstance(data, pd.DataFrame):
+            data = pd.DataFrame(data)
+        missing = [f["name"] for f in m["inputs"] if f["name"] not in data.columns]
+        if missing:
+            raise ValueError(f"the input has no column {', '.join(map(repr, missing))}; the "
+                             f"model takes {', '.join(f['name'] for f in m['inputs'])}")
+        inputs = [column(data[f["name"]], f["shape"]) for f in m["inputs"]]
+        batch_rows = int((params or {}).get("batch_size", m.get("batch_rows", 1024)))
+        results = []
+        with torch.no_grad():
+            for start in range(0, len(data), batch_rows):
+                batch = [torch.from_numpy(x[start:start + batch_rows]).to(self.device)
+                         for x in inputs]
+                results.append(self.module(*batch).float().cpu())
+        out = torch.cat(results) if results else torch.zeros((0, m.get("output_width", 1)))
+        cols = outputs(m["task"], out)
+        names = m["columns"]  # prediction/probability/raw -> the model's column names
+        return pd.DataFrame({names[k]: v for k, v in cols.items()}, index=data.index)
+
+
+def _load_pyfunc(path: str, model_config: Any = None) -> Predictor:
+    """MLflow's entry point (``loader_module``); ``path`` is the model's data folder."""
+    device = (model_config or {}).get("device") or "cpu"
+    return Predictor(path, device)
