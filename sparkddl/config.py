@@ -123,8 +123,12 @@ class TrainConfig:
     learning_rate: float | None = option(
         None, "if set, overrides the optimizer's learning rate", param="learningRate",
         preset=None)  # presets set optimizer.lr
-    metrics: Any = option(None, "metric names (accuracy, mse, mae) or callables; default: "
-                          "accuracy for classifiers", param="metrics",
+    metrics: Any = option(None, "metric names: means over rows (accuracy, mse, mae), exact "
+                          "ones over the whole validation set from torchmetrics (f1, "
+                          "precision, recall, auroc, average_precision, specificity, mcc, "
+                          "cohen_kappa; r2, pearson, spearman, explained_variance, mape; "
+                          "f1_micro etc. choose the average, macro by default), or "
+                          "callables; default: accuracy for classifiers", param="metrics",
                           preset_type=list[str] | None, normalize=_metrics)
     feature_shapes: dict[str, tuple[int, ...]] = option(
         {}, "optional per-feature-column shape, e.g. {'features': [1, 8, 8]}",

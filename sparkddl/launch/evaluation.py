@@ -19,6 +19,7 @@ from sparkddl.data.local import batches
 from sparkddl.store import Store
 from sparkddl.launch.callbacks import Callbacks
 from sparkddl.train.components import build_module
+from sparkddl.train.metrics import ExactMetric, per_batch
 from sparkddl.train.steps import LossFn
 
 log = logging.getLogger(__name__)
@@ -232,13 +233,21 @@ class SnapshotEvaluator:
         self.module.load_state_dict(state)
         self.module.eval()
         n_total = 0
-        sums = {"val_loss": 0.0, **{f"val_{k}": 0.0 for k in self.metrics}}
+        means = per_batch(self.metrics)
+        exact = {k: m.make() for k, m in self.metrics.items() if isinstance(m, ExactMetric)}
+        sums = {"val_loss": 0.0, **{f"val_{k}": 0.0 for k in means}}
         with torch.no_grad():
             for batch in map(to_tensors, batches(self.val, EVAL_BATCH)):
                 loss, output, target = self.step(self.module, batch)
                 n = len(batch[self.step.labels[0]])
                 n_total += n
                 sums["val_loss"] += float(loss) * n
-                for k, fn in self.metrics.items():
+                for k, fn in means.items():
                     sums[f"val_{k}"] += float(fn(output, target)) * n
-        return {k: v / max(n_total, 1) for k, v in sums.items()}
+                for k, state in exact.items():  # whole-set state, not a mean of batches
+                    state.update(*self.metrics[k].inputs(output, target))
+        out = {k: v / max(n_total, 1) for k, v in sums.items()}
+        for k, state in exact.items():
+            out[f"val_{k}"] = float(state.compute()) if n_total else float("nan")
+        return {"val_loss": out.pop("val_loss"), **{f"val_{k}": out[f"val_{k}"]
+                                                     for k in self.metrics}}

@@ -29,7 +29,7 @@ from sparkddl.launch.progress import Progress
 from sparkddl.launch.restarts import Restart, RestartPolicy, record_restart
 from sparkddl.store import Store
 from sparkddl.train.loop import train
-from sparkddl.train.metrics import best_mode
+from sparkddl.train.metrics import best_mode, per_batch
 from sparkddl.train.spec import TrainSpec
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,8 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
     plan = shard_plan(data, config, config.num_workers)
     _record_run(store, run_id, data, config, plan.steps_per_epoch)
     spec = TrainSpec(config, run_id=run_id, model_factory=inputs.factory,
-                     optimizer=inputs.optimizer, loss=inputs.loss, metrics=inputs.metrics,
+                     optimizer=inputs.optimizer, loss=inputs.loss,
+                     metrics=per_batch(inputs.metrics),
                      plan=plan, store_root=store.root, scheduler=inputs.scheduler,
                      step_fn=inputs.step_fn)
     evaluator = SnapshotEvaluator(inputs.factory, inputs.step_fn, inputs.metrics, data.val,

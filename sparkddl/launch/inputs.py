@@ -16,7 +16,7 @@ from sparkddl.launch.checks import ProblemInfo, check_finite, check_sample
 from sparkddl.store import Store
 from sparkddl.train.components import (OptimizerRecipe, build_module, check_optimizer,
                                        model_factory, optimizer_recipe, resolve_loss)
-from sparkddl.train.metrics import resolve_metrics
+from sparkddl.train.metrics import per_batch, resolve_metrics
 from sparkddl.train.optimization import (SchedulerRecipe, check_precision, check_scheduler,
                                          scheduler_recipe)
 from sparkddl.train.steps import LossFn, loss_fn
@@ -62,6 +62,7 @@ def fit_inputs(df: Any, model: Any, optimizer: Any, loss: Any, config: TrainConf
         resolve_loss(loss)
     step_fn = loss_fn(losses, config.features, config.labels, config.sample_weight,
                       config.train_step)
+    resolve_metrics(config.metrics)  # unknown names fail before the data is prepared
     if config.train_step is not None and config.metrics:
         raise ConfigError("metrics need the model's output, which a trainStep does not "
                           "return; drop metrics (val_loss and train_loss are computed with "
@@ -79,7 +80,8 @@ def fit_inputs(df: Any, model: Any, optimizer: Any, loss: Any, config: TrainConf
     problem = check_sample(module, step_fn, sample, data.label_range(config.labels[0]))
     problem = dataclasses.replace(problem, inputs=input_specs(sample, config.features))
     default = ["accuracy"] if problem.kind.is_classifier and config.train_step is None else []
-    metrics = resolve_metrics(config.metrics if config.metrics is not None else default)
+    metrics = resolve_metrics(config.metrics if config.metrics is not None else default,
+                              problem.kind.value, problem.output_width)
     best_by = resolve_best_by(config.best_by, metrics, data.val is not None)
     return FitInputs(factory, recipe, losses if not isinstance(losses, list) else losses[0],
                      store, data, problem, metrics, best_by, step_fn, schedule)
@@ -98,8 +100,9 @@ def check_best_by_early(config: TrainConfig) -> None:
 
 
 def resolve_best_by(best_by: str | None, metrics: dict[str, Any], has_val: bool) -> str:
-    prefixes = ["train_"] + (["val_"] if has_val else [])
-    valid = [p + m for p in prefixes for m in ["loss", *metrics]]
+    valid = [f"train_{m}" for m in ["loss", *per_batch(metrics)]]  # exact ones: val_ only
+    if has_val:
+        valid += [f"val_{m}" for m in ["loss", *metrics]]
     chosen = best_by or ("val_loss" if has_val else "train_loss")
     if chosen not in valid:
         hint = " (val_* needs validation data: set validation)" if chosen.startswith("val_") \

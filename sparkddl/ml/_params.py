@@ -188,7 +188,7 @@ class HasTorchEstimatorParams(HasTorchModelParams):
         typeConverter=TypeConverters.identity)
     metrics: Param = Param(
         Params._dummy(), 'metrics',
-        'metric names (accuracy, mse, mae) or callables; default: accuracy for classifiers',
+        'metric names: means over rows (accuracy, mse, mae), exact ones over the whole validation set from torchmetrics (f1, precision, recall, auroc, average_precision, specificity, mcc, cohen_kappa; r2, pearson, spearman, explained_variance, mape; f1_micro etc. choose the average, macro by default), or callables; default: accuracy for classifiers',
         typeConverter=TypeConverters.identity)
     shuffleBufferSize: Param = Param(
         Params._dummy(), 'shuffleBufferSize',
@@ -454,11 +454,11 @@ class HasTorchEstimatorParams(HasTorchModelParams):
         return self.getOrDefault(self.learningRate)
 
     def setMetrics(self, value: Any) -> Any:
-        """Sets metrics: metric names (accuracy, mse, mae) or callables; default: accuracy for classifiers"""
+        """Sets metrics: metric names: means over rows (accuracy, mse, mae), exact ones over the whole validation set from torchmetrics (f1, precision, recall, auroc, average_precision, specificity, mcc, cohen_kappa; r2, pearson, spearman, explained_variance, mape; f1_micro etc. choose the average, macro by default), or callables; default: accuracy for classifiers"""
         return self._set(metrics=value)
 
     def getMetrics(self) -> Any:
-        """metrics: metric names (accuracy, mse, mae) or callables; default: accuracy for classifiers"""
+        """metrics: metric names: means over rows (accuracy, mse, mae), exact ones over the whole validation set from torchmetrics (f1, precision, recall, auroc, average_precision, specificity, mcc, cohen_kappa; r2, pearson, spearman, explained_variance, mape; f1_micro etc. choose the average, macro by default), or callables; default: accuracy for classifiers"""
         return self.getOrDefault(self.metrics)
 
     def setShuffleBufferSize(self, value: Any) -> Any:

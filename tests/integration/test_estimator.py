@@ -196,10 +196,18 @@ def test_early_stopping_stops_all_ranks_together_and_keeps_the_best(spark_local,
     est = TorchEstimator(model=zero_linear, optimizer=lambda p: torch.optim.SGD(p, lr=0.01),
                          loss=Squeeze(), featuresCol="x", labelCol="y", validation="is_val",
                          batchSize=25, epochs=40, numWorkers=2, earlyStoppingPatience=2,
-                         featureShapes={"x": [1]}, store=str(tmp_path), progress=False)
+                         featureShapes={"x": [1]}, store=str(tmp_path), progress=False,
+                         metrics=["mse", "r2"])
     est.setFeaturesCol(["x"])
     model = est.fit(shifted_regression(spark_local))
     assert model.stopped_early and model.epochs_done < 40
+    # r2 is exact (torchmetrics over the whole validation set, driver only): 1 - mse / var,
+    # so it orders the snapshots as val_mse does
+    assert all("val_r2" in r and "train_r2" not in r and "train_mse" in r
+               for r in model.history)
+    r2, mse = [r["val_r2"] for r in model.history], [r["val_mse"] for r in model.history]
+    assert sorted(range(len(r2)), key=r2.__getitem__) == \
+        sorted(range(len(mse)), key=mse.__getitem__, reverse=True)
     assert model.steps_per_rank[0] == model.steps_per_rank[1]  # the same step on every rank
     val = [r["val_loss"] for r in model.history]
     best = min(range(len(val)), key=val.__getitem__)

@@ -36,14 +36,15 @@ def test_a_fit_in_an_active_run_logs_everything_and_the_model_serves_without_spa
         digits, mlflow_store, tmp_path):
     train, test = digits
     with mlflow.start_run() as run:
-        model = estimator(tmp_path / "st").fit(train)
+        model = estimator(tmp_path / "st", metrics=["accuracy", "f1"]).fit(train)
     run_id = run.info.run_id
     data = mlflow_store.get_run(run_id).data
     assert data.params["epochs"] == "4" and data.params["numWorkers"] == "2"
     assert data.params["featuresCol"] == "features" and data.params["mlflow"] == "None"
     assert data.tags["sparkddl.run_id"] == model.run_id
     assert data.tags["sparkddl.chosen_epoch"] == str(model.chosen_epoch)
-    for key in ("val_accuracy", "train_loss", "lr"):
+    assert "train_f1" not in data.metrics  # exact metrics: validation only
+    for key in ("val_accuracy", "val_f1", "train_loss", "lr"):
         history = mlflow_store.get_metric_history(run_id, key)
         assert [m.step for m in history] == [1, 2, 3, 4], key
         assert np.allclose([m.value for m in history], [r[key] for r in model.history])

@@ -64,8 +64,9 @@ def test_metrics_resolve_and_compute():
     logits = torch.tensor([[2.0, 1.0], [0.0, 3.0], [5.0, 0.0]])
     assert accuracy(logits, torch.tensor([0, 1, 1])).item() == pytest.approx(2 / 3)
     assert accuracy(torch.tensor([1.5, -2.0]), torch.tensor([1.0, 1.0])).item() == 0.5
-    with pytest.raises(ConfigError, match=r"unknown metric 'f1'; choose among accuracy, mse"):
-        resolve_metrics(["f1"])
+    with pytest.raises(ConfigError, match=r"unknown metric 'f2'; choose among accuracy, mse, "
+                                          r"mae, f1, precision"):
+        resolve_metrics(["f2"])
     assert best_mode("val_loss") == "min" and best_mode("val_accuracy") == "max"
     assert best_mode("val_rmse") == "min" and best_mode("val_perplexity", "min") == "min"
 
