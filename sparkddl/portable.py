@@ -3,7 +3,7 @@
 This module imports nothing from sparkddl: it is the code executors run in
 ``TorchModel.transform`` (through :mod:`sparkddl.ml.inference`), what ``TorchModel.load``
 uses to rebuild an exported model (through :mod:`sparkddl.exported`), and, copied into an
-MLflow model as ``code/sparkddl_portable.py``, the MLflow ``python_function`` loader, so a
+MLflow model as ``code/sparkddl_portable_<hash>.py``, the MLflow ``python_function`` loader, so a
 logged model loads and predicts where sparkddl is not installed.
 
 In an MLflow model its folder ``sparkddl/`` holds ``meta.json`` (inputs, task, output

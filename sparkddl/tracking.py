@@ -1,9 +1,9 @@
 """MLflow, from the driver only: the ranks need no MLflow credentials.
 
 ``TorchEstimator(mlflow=...)``: None (the default) logs when MLflow is installed and a run is
-active on the calling thread, as in a Databricks notebook; True also starts a run when none
-is (and ends it); False turns logging off. A run that a fit has logged to already gets each
-further fit as a child run (a tuning loop, CrossValidator). What is logged:
+active on the calling thread (``with mlflow.start_run():`` in a notebook); True also creates
+a run when none is (and ends it); False turns logging off. A run that a fit has logged to
+already gets each further fit as a child run (a loop over settings). What is logged:
 
 - every Param of the estimator, as MLflow params;
 - every history row as metrics with ``step=epoch``, as each snapshot is evaluated, so the
@@ -16,8 +16,9 @@ further fit as a child run (a tuning loop, CrossValidator). What is logged:
   predicts, where only mlflow and torch are installed.
 
 MLflow calls made while training run on a thread of their own, so a slow tracking server
-never holds up the fit. The first failure (an unreachable server, a deleted run) turns logging
-off for the rest of the fit with one warning; training goes on.
+never holds up training (the end of the fit waits for what is queued, bounded). The first
+failure (an unreachable server, a deleted run) turns logging off for the rest of the fit with
+one warning; training goes on.
 """
 from __future__ import annotations
 
@@ -40,7 +41,8 @@ log = logging.getLogger(__name__)
 SETTINGS = (None, "auto", True, False)
 MODEL_NAME = "model"  # the model's artifact path in the run
 PROBE_TIMEOUT_S = 3.0
-DRAIN_TIMEOUT_S = 300.0
+DRAIN_TIMEOUT_S = 300.0  # waiting for queued MLflow calls at the end of a fit
+ERROR_DRAIN_S = 5.0  # the same after a failed or interrupted fit
 
 
 def check_setting(value: Any) -> None:
@@ -58,10 +60,14 @@ def check_setting(value: Any) -> None:
 
 def unreachable(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
     """Why an http(s) tracking server cannot be reached (a TCP connect), else None; other
-    URIs (files, databases, databricks) are not probed."""
+    URIs (files, databases, databricks) and servers behind a proxy are not probed."""
+    import urllib.request
     parsed = urlparse(uri)
     if parsed.scheme not in ("http", "https") or not parsed.hostname:
         return None
+    if parsed.scheme in urllib.request.getproxies() and \
+            not urllib.request.proxy_bypass(parsed.hostname):
+        return None  # MLflow goes through the proxy; a direct connect says nothing
     port = parsed.port or (443 if parsed.scheme == "https" else 80)
     try:
         socket.create_connection((parsed.hostname, port), timeout=timeout_s).close()
@@ -73,11 +79,12 @@ def unreachable(uri: str, timeout_s: float = PROBE_TIMEOUT_S) -> str | None:
 class MlflowTracking:
     """One fit's MLflow logging. ``on_epoch_end`` and ``on_restart`` are Callbacks hooks
     (they run on the driver's evaluator and fit threads); ``begin`` and ``finish`` run on the
-    caller's thread."""
+    caller's thread. Runs are created and ended through MlflowClient, never MLflow's
+    per-thread stack of active runs, so fits on several threads (CrossValidator's pool) and
+    the caller's own ``with mlflow.start_run()`` do not disturb each other."""
 
-    def __init__(self, run_id: str, started_here: bool):
-        from mlflow.tracking import MlflowClient
-        self.client = MlflowClient()
+    def __init__(self, client: Any, run_id: str, started_here: bool):
+        self.client = client
         self.run_id, self.started_here = run_id, started_here
         self.failed: str | None = None
         self._queue: queue.Queue = queue.Queue()
@@ -87,7 +94,11 @@ class MlflowTracking:
     @classmethod
     def begin(cls, setting: Any, params: dict[str, Any]) -> "MlflowTracking | None":
         """Start logging for a fit with these Params, or None when it is off (or MLflow cannot
-        be reached: one warning, and the fit goes on)."""
+        be reached: one warning, and the fit goes on).
+
+        With a run active on this thread the fit logs into it, or into a child run of it when
+        a fit has logged there already (a loop in a notebook: the params would clash); with
+        none, ``setting=True`` creates a run in the current experiment."""
         check_setting(setting)
         if setting is False:
             return None
@@ -100,21 +111,25 @@ class MlflowTracking:
             return None
         uri = mlflow.get_tracking_uri()
         why = unreachable(uri)
-        started = False
-        try:
-            if why is None and active is not None and _has_a_fit(active.info.run_id):
-                # a second fit in the same run (CrossValidator, a loop in a notebook): its
-                # params would clash with the first one's, so it gets a child run
-                active, started = mlflow.start_run(nested=True), True
-            elif why is None and active is None:
-                active, started = mlflow.start_run(), True
-        except Exception as exc:  # noqa: BLE001 - training goes on without MLflow
-            why = f"cannot start a run: {type(exc).__name__}: {exc}"
+        if why is None:
+            try:
+                from mlflow.tracking import MlflowClient
+                client = MlflowClient()
+                started = active is None or _has_a_fit(client, active.info.run_id)
+                if active is None:
+                    run_id = client.create_run(_experiment_id()).info.run_id
+                elif started:
+                    run_id = client.create_run(active.info.experiment_id, tags={
+                        "mlflow.parentRunId": active.info.run_id}).info.run_id
+                else:
+                    run_id = active.info.run_id
+            except Exception as exc:  # noqa: BLE001 - training goes on without MLflow
+                why = f"cannot start a run: {type(exc).__name__}: {exc}"
         if why is not None:
             log.warning("MLflow tracking at %s: %s; training goes on without MLflow logging",
                         uri, why)
             return None
-        tracking = cls(active.info.run_id, started)
+        tracking = cls(client, run_id, started)
         tracking._submit(lambda c, run: _log_params(c, run, params))
         from sparkddl import __version__
         tracking._submit(lambda c, run: c.set_tag(run, "sparkddl.version", __version__))
@@ -138,8 +153,11 @@ class MlflowTracking:
     # ---- the end ----
     def finish(self, model: Any = None, dataset: Any = None, error: Any = None) -> str | None:
         """Log the outcome (and the model, when the fit succeeded); end the run if it was
-        started here. The model's URI, or None when it was not logged."""
+        started here. The model's URI, or None when it was not logged. Training is never
+        held up by MLflow, but this waits for what is still queued (up to DRAIN_TIMEOUT_S;
+        a few seconds when the fit failed or was interrupted) and for the model's upload."""
         uri = None
+        interrupted = error is not None and not isinstance(error, Exception)
         try:
             if model is not None:
                 tags = {"sparkddl.run_id": model.run_id,
@@ -152,24 +170,28 @@ class MlflowTracking:
             elif error is not None:
                 text = f"{type(error).__name__}: {error}"[:5000]
                 self._submit(lambda c, run: c.set_tag(run, "sparkddl.error", text))
-            self._drain()
+            self._drain(DRAIN_TIMEOUT_S if error is None else ERROR_DRAIN_S)
             if model is not None and self.failed is None:
                 try:
-                    uri = log_model(model, dataset, self.run_id)
+                    uri = log_model(model, self.run_id,
+                                    dataset.schema if dataset is not None else None,
+                                    input_example(dataset, model._features())
+                                    if dataset is not None else None)
                 except Exception as exc:  # noqa: BLE001 - the fit itself succeeded
                     log.warning("MLflow: could not log the model to run %s: %s: %s",
                                 self.run_id, type(exc).__name__, exc)
         finally:
             if self.started_here:
-                self._end_run("FINISHED" if error is None else "FAILED")
+                self._end_run("FINISHED" if error is None else
+                              "KILLED" if interrupted else "FAILED")
         return uri
 
     def _end_run(self, status: str) -> None:
-        import mlflow
+        """End the run this fit started, unless someone ended it already (its status is
+        theirs to keep)."""
         try:
-            active = mlflow.active_run()
-            if active is not None and active.info.run_id == self.run_id:
-                mlflow.end_run(status)
+            if self.client.get_run(self.run_id).info.status == "RUNNING":
+                self.client.set_terminated(self.run_id, status)
         except Exception as exc:  # noqa: BLE001
             log.warning("MLflow: could not end run %s: %s", self.run_id, exc)
 
@@ -178,11 +200,11 @@ class MlflowTracking:
         if self.failed is None:
             self._queue.put(call)
 
-    def _drain(self) -> None:
+    def _drain(self, timeout_s: float) -> None:
         self._queue.put(None)
-        self._thread.join(DRAIN_TIMEOUT_S)
+        self._thread.join(timeout_s)
         if self._thread.is_alive() and self.failed is None:
-            self.failed = f"still busy after {DRAIN_TIMEOUT_S:.0f} s"
+            self.failed = f"still busy after {timeout_s:.0f} s"
             log.warning("MLflow: run %s was %s; the model is not logged", self.run_id,
                         self.failed)
 
@@ -201,19 +223,38 @@ class MlflowTracking:
                             "this fit, and training goes on", self.run_id, self.failed)
 
 
-def _has_a_fit(run_id: str) -> bool:
+def _has_a_fit(client: Any, run_id: str) -> bool:
     """Whether a fit has logged to this run already."""
-    from mlflow.tracking import MlflowClient
-    return "sparkddl.version" in MlflowClient().get_run(run_id).data.tags
+    return "sparkddl.version" in client.get_run(run_id).data.tags
+
+
+def _experiment_id() -> str:
+    """The experiment a new run goes to: the one set in this process (set_experiment,
+    MLFLOW_EXPERIMENT_NAME/ID, a Databricks notebook's own), else the default."""
+    from mlflow.tracking import fluent
+    try:
+        return fluent._get_experiment_id() or "0"
+    except Exception:  # noqa: BLE001 - a private helper; the default experiment then
+        return "0"
 
 
 def _log_params(client: Any, run_id: str, params: dict[str, Any]) -> None:
+    """Every Param; one the run already holds with another value (the caller logged it
+    before the fit) keeps the run's value, and one warning names them: MLflow refuses to
+    change a param, and that must not turn the rest of the logging off."""
     from mlflow.entities import Param
     try:
         from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH as limit
     except ImportError:
         limit = 500
-    items = [Param(k, param_text(v)[:limit]) for k, v in sorted(params.items())]
+    texts = {k: param_text(v)[:limit] for k, v in sorted(params.items())}
+    held = client.get_run(run_id).data.params
+    clashes = sorted(k for k, v in texts.items() if k in held and held[k] != v)
+    if clashes:
+        log.warning("MLflow run %s already has the param(s) %s with other values; they keep "
+                    "the run's values (this fit's are in its Params)", run_id,
+                    ", ".join(clashes))
+    items = [Param(k, v) for k, v in texts.items() if k not in held]
     for i in range(0, len(items), 100):  # MLflow's batch limit
         client.log_batch(run_id, params=items[i:i + 100])
 
@@ -241,14 +282,12 @@ def param_text(value: Any) -> str:
 
 # ---- the logged model ----
 
-def log_model(model: Any, dataset: Any, run_id: str) -> str:
-    """Log ``model`` (a TorchModel) under the run, with a signature from ``dataset``'s schema
-    and a few of its rows as the input example; the model's URI."""
+def log_model(model: Any, run_id: str, schema: Any = None, example: Any = None) -> str:
+    """Log ``model`` (a TorchModel) under the run, with a signature from the training
+    DataFrame's ``schema`` and ``example`` (pandas) as the input example; the model's URI."""
     from mlflow.models import Model
 
-    features = list(model._features())
-    signature = signature_for(model, dataset.schema if dataset is not None else None)
-    example = input_example(dataset, features) if dataset is not None else None
+    signature = signature_for(model, schema)
     program = model.program()
     kwargs: dict[str, Any] = {"run_id": run_id, "torch_model": model, "signature": signature,
                               "input_example": example}
@@ -289,9 +328,14 @@ def save_model(path: str, mlflow_model: Any, model: Any, signature: Any,
     program = model.program()
     reqs = [f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}",
             f"pandas=={pd.__version__}"]
+    import inspect
+    # MLflow versions that read torch.export's .pt2 in mlflow.pytorch (and would save pt2 by
+    # default) take serialization_format; older ones only pickle
+    pt2 = "serialization_format" in inspect.signature(mlflow.pytorch.save_model).parameters
     if program is None:  # mlflow.pytorch's own flavor and pyfunc, from the pickled module
         mlflow.pytorch.save_model(model.module(), path, mlflow_model=mlflow_model,
-                                  serialization_format="pickle", pip_requirements=reqs)
+                                  pip_requirements=reqs,
+                                  **({"serialization_format": "pickle"} if pt2 else {}))
         return
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "sparkddl")
@@ -313,12 +357,15 @@ def save_model(path: str, mlflow_model: Any, model: Any, signature: Any,
                            (portable.INPUTS_FILE, program.example_inputs)):
             with open(os.path.join(data, name), "wb") as f:
                 f.write(blob)
-        code = os.path.join(tmp, "sparkddl_portable.py")
+        loader = portable_module_name()
+        code = os.path.join(tmp, f"{loader}.py")
         shutil.copyfile(portable.__file__, code)
-        mlflow.pyfunc.save_model(path, loader_module="sparkddl_portable", data_path=data,
+        mlflow.pyfunc.save_model(path, loader_module=loader, data_path=data,
                                  code_paths=[code], mlflow_model=mlflow_model,
                                  signature=signature, input_example=example,
                                  pip_requirements=reqs)
+    if not pt2:  # this MLflow's pytorch flavor could not read it
+        return
     # the pytorch flavor: the same program in torch.export's own format, which
     # mlflow.pytorch.load_model reads after checking it holds no pickles
     from sparkddl.exported import program_of
@@ -328,6 +375,16 @@ def save_model(path: str, mlflow_model: Any, model: Any, signature: Any,
     mlflow_model.add_flavor("pytorch", model_data="pytorch",
                             pytorch_version=str(torch.__version__), code=None)
     mlflow_model.save(os.path.join(path, "MLmodel"))
+
+
+def portable_module_name() -> str:
+    """The pyfunc loader's module name in a logged model: versioned by its content, as
+    MLflow imports it by name and a serving process may load models of several versions."""
+    import hashlib
+
+    from sparkddl import portable
+    with open(portable.__file__, "rb") as f:
+        return f"sparkddl_portable_{hashlib.sha256(f.read()).hexdigest()[:12]}"
 
 
 def signature_for(model: Any, schema: Any) -> Any:
@@ -348,10 +405,10 @@ def signature_for(model: Any, schema: Any) -> Any:
             return Array(DataType.double)
         # floats as double: pandas users pass float64, which MLflow will not narrow; the
         # model's inputs are made float32 after the check
-        return {"IntegerType": DataType.integer,
-                "ShortType": DataType.integer, "ByteType": DataType.integer,
-                "LongType": DataType.long, "BooleanType": DataType.boolean,
-                }.get(name, DataType.double)
+        # integers as long: pandas' default int64, which MLflow will not narrow to int32
+        return {"IntegerType": DataType.long, "ShortType": DataType.long,
+                "ByteType": DataType.long, "LongType": DataType.long,
+                "BooleanType": DataType.boolean}.get(name, DataType.double)
 
     inputs = []
     for spec in model.input_specs:
@@ -380,6 +437,7 @@ def input_example(dataset: Any, features: list[str], rows: int = 3) -> Any:
             else F.col(f"`{f}`") for f in features]
     pdf = dataset.select(*cols).limit(rows).toPandas()
     for f in features:
-        if types.get(f) in ("VectorUDT", "ArrayType"):
-            pdf[f] = pdf[f].map(lambda v: [float(x) for x in v])
+        if types.get(f) in ("VectorUDT", "ArrayType"):  # lists, their items as Python's
+            pdf[f] = pdf[f].map(lambda v: [x.item() if hasattr(x, "item") else x
+                                           for x in v])
     return pdf

@@ -48,11 +48,11 @@ class TorchEstimator(TorchEstimatorBase):
                          self.getOrDefault(self.optimizer), self.getOrDefault(self.loss),
                          config, callbacks=Callbacks(callbacks.items + [tracking])
                          if tracking else callbacks)
+            model = self._model_from(result)
         except BaseException as exc:
             if tracking:
                 tracking.finish(error=exc)
             raise
-        model = self._model_from(result)
         if tracking:
             model.mlflow_model_uri = tracking.finish(model, dataset)
         callbacks.fit_end(model)

@@ -18,7 +18,6 @@ mlflow = pytest.importorskip("mlflow")  # pinned in all three tested stacks
 
 from sparkddl import exported  # noqa: E402
 from sparkddl.errors import ConfigError  # noqa: E402
-from sparkddl.ml.inference import _predict_frames  # noqa: E402
 from sparkddl.ml.model import TorchModel  # noqa: E402
 from sparkddl.problems import Problem  # noqa: E402
 from sparkddl.launch.restarts import Restart  # noqa: E402
@@ -115,6 +114,40 @@ def test_a_second_fit_in_the_same_run_gets_a_child_run(store):
     assert store.get_run(parent.info.run_id).data.params["epochs"] == "3"
 
 
+def test_a_param_the_caller_logged_keeps_its_value_and_logging_goes_on(store, caplog):
+    with mlflow.start_run() as run:
+        mlflow.log_param("epochs", 20)
+        with caplog.at_level(logging.WARNING, logger="sparkddl.tracking"):
+            t = tracking.MlflowTracking.begin(None, {"epochs": 3, "batchSize": 32})
+            t.on_epoch_end({"epoch": 1, "train_loss": 0.5})
+            t.finish()
+    data = store.get_run(run.info.run_id).data
+    assert data.params == {"epochs": "20", "batchSize": "32"} and data.metrics["train_loss"]
+    assert t.failed is None
+    [warning] = [r for r in caplog.records if r.name == "sparkddl.tracking"]
+    assert "already has the param(s) epochs" in warning.getMessage()
+
+
+def test_a_fit_on_another_thread_never_touches_the_callers_run(store):
+    """CrossValidator fits on a thread pool, where MLflow sees no active run."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def fit(setting):
+        t = tracking.MlflowTracking.begin(setting, {"epochs": 2})
+        if t is not None:
+            t.finish()
+        return t
+
+    with mlflow.start_run() as caller, ThreadPoolExecutor(2) as pool:
+        assert pool.submit(fit, None).result() is None  # no run on that thread: nothing
+        own = [pool.submit(fit, True) for _ in range(2)]
+        runs = [f.result().run_id for f in own]
+        assert mlflow.active_run().info.run_id == caller.info.run_id
+    assert len(set(runs)) == 2 and caller.info.run_id not in runs
+    assert all(store.get_run(r).info.status == "FINISHED" for r in runs)
+    assert store.get_run(caller.info.run_id).data.params == {}
+
+
 def test_a_deleted_run_gives_one_warning_and_logging_stops(store, caplog):
     with mlflow.start_run() as run:
         t = tracking.MlflowTracking.begin(None, {"epochs": 5})
@@ -130,11 +163,15 @@ def test_a_deleted_run_gives_one_warning_and_logging_stops(store, caplog):
 
 def test_a_run_started_here_is_ended_and_an_unreachable_server_is_one_warning(store, caplog):
     t = tracking.MlflowTracking.begin(True, {"epochs": 1})
-    assert t.started_here and mlflow.active_run().info.run_id == t.run_id
+    # created through the client: MLflow's per-thread active run is left alone
+    assert t.started_here and mlflow.active_run() is None
+    assert store.get_run(t.run_id).info.status == "RUNNING"
     t.finish(error=RuntimeError("the fit failed"))
-    assert mlflow.active_run() is None
     run = store.get_run(t.run_id)
     assert run.info.status == "FAILED" and "the fit failed" in run.data.tags["sparkddl.error"]
+    interrupted = tracking.MlflowTracking.begin(True, {"epochs": 1})
+    interrupted.finish(error=KeyboardInterrupt())
+    assert store.get_run(interrupted.run_id).info.status == "KILLED"
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -145,29 +182,56 @@ def test_a_run_started_here_is_ended_and_an_unreachable_server_is_one_warning(st
     assert len(warnings) == 1 and "training goes on" in warnings[0].getMessage()
 
 
-def test_the_logged_model_predicts_as_transform_where_sparkddl_is_absent(store, tmp_path):
-    model = _model()
-    frame = _frame()
-    [expected] = list(_predict_frames(model.module(), ["features"], model.task, 16,
-                                      {}, iter([frame])))
+def _expected(model, frame):
+    """What transform writes, computed here from the module's output (not sparkddl code)."""
+    with torch.no_grad():
+        out = model.module()(torch.tensor(np.stack(frame["features"]), dtype=torch.float32))
+    if model.task == Problem.MULTICLASS:
+        return out.argmax(1).double().numpy(), torch.softmax(out, 1).double().numpy()
+    if model.task == Problem.BINARY:
+        p = torch.sigmoid(out.reshape(-1)).double()
+        return (out.reshape(-1) > 0).double().numpy(), torch.stack([1 - p, p], 1).numpy()
+    return out.reshape(-1).double().numpy(), None
+
+
+def _kind(task):
+    model = _model(task)
+    if task != Problem.MULTICLASS:
+        torch.manual_seed(1)
+        net = torch.nn.Sequential(torch.nn.Linear(6, 4), torch.nn.Tanh(), torch.nn.Linear(4, 1),
+                                  torch.nn.Flatten(0))
+        model._factory, model._state, model.output_width = (lambda: net), net.state_dict(), 1
+    return model
+
+
+@pytest.mark.parametrize("task", [Problem.MULTICLASS, Problem.BINARY, Problem.REGRESSION])
+def test_the_logged_model_predicts_as_transform_where_sparkddl_is_absent(store, tmp_path,
+                                                                         task):
+    from pyspark.sql.types import ArrayType, IntegerType, StructField, StructType
+    model = _kind(task)
+    # integer pixels, as an array<int> column: pandas holds them as int64
+    frame = pd.DataFrame({"features": list(np.random.default_rng(0).integers(0, 17, (37, 6)))})
+    schema = StructType([StructField("features", ArrayType(IntegerType()))])
+    prediction, probability = _expected(model, frame)
     with mlflow.start_run() as run:
-        uri = tracking.log_model(model, None, run.info.run_id)
-    flavors = mlflow.models.get_model_info(uri).flavors
-    assert flavors["python_function"]["loader_module"] == "sparkddl_portable"
-    assert "pytorch" in flavors
+        uri = tracking.log_model(model, run.info.run_id, schema,
+                                 frame.head(3).map(lambda v: [int(x) for x in v]))
+    info = mlflow.models.get_model_info(uri)
+    assert info.flavors["python_function"]["loader_module"].startswith("sparkddl_portable_")
+    assert "pytorch" in info.flavors and info.saved_input_example_info is not None
     frame.to_parquet(tmp_path / "in.parquet")
     script = tmp_path / "predict.py"
     script.write_text(textwrap.dedent(f"""
         import sys
         sys.modules["sparkddl"] = None  # importing it fails: the model must not need it
         sys.modules["pyspark"] = None
-        import mlflow, pandas as pd, torch
+        import mlflow, numpy as np, pandas as pd, torch
         mlflow.set_tracking_uri({mlflow.get_tracking_uri()!r})
         df = pd.read_parquet({str(tmp_path / 'in.parquet')!r})
-        out = mlflow.pyfunc.load_model({uri!r}).predict(df)
+        out = mlflow.pyfunc.load_model({uri!r}).predict(df)  # the signature is enforced
         out.to_parquet({str(tmp_path / 'out.parquet')!r})
         module = mlflow.pytorch.load_model({uri!r})
-        x = torch.tensor(df["features"].tolist(), dtype=torch.float32)
+        x = torch.tensor(np.stack(df["features"]), dtype=torch.float32)
         torch.save(module(x).detach(), {str(tmp_path / 'raw.pt')!r})
         """))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
@@ -175,12 +239,39 @@ def test_the_logged_model_predicts_as_transform_where_sparkddl_is_absent(store, 
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
     got = pd.read_parquet(tmp_path / "out.parquet")
-    assert list(got.columns) == ["prediction", "probability", "rawPrediction"]
-    assert (got["prediction"].to_numpy() == expected["prediction"]).all()
-    assert np.allclose(np.stack(got["probability"]), np.stack(expected["probability"]),
-                       atol=1e-6)
+    if probability is None:
+        assert list(got.columns) == ["prediction"]
+        assert np.allclose(got["prediction"].to_numpy(), prediction, atol=1e-5)
+    else:
+        assert list(got.columns) == ["prediction", "probability", "rawPrediction"]
+        assert (got["prediction"].to_numpy() == prediction).all()
+        assert np.allclose(np.stack(got["probability"]), probability, atol=1e-6)
     raw = torch.load(tmp_path / "raw.pt", weights_only=True)
-    assert np.allclose(raw.numpy(), np.stack(expected["raw"]), atol=1e-5)
+    with torch.no_grad():
+        direct = model.module()(torch.tensor(np.stack(frame["features"]), dtype=torch.float32))
+    assert np.allclose(raw.numpy(), direct.numpy(), atol=1e-5)
+
+
+def test_the_signature_follows_the_dataframe_schema():
+    from pyspark.ml.linalg import VectorUDT
+    from pyspark.sql.types import (ArrayType, DoubleType, FloatType, IntegerType, LongType,
+                                   StructField, StructType)
+    model = _model()
+    model.input_specs = tuple(exported.InputSpec(n, s, "float32") for n, s in
+                              (("a", (3,)), ("b", (3,)), ("c", ()), ("d", ()), ("v", (2,))))
+    model.setFeaturesCol(["a", "b", "c", "d", "v"])
+    schema = StructType([StructField("a", ArrayType(FloatType())),
+                         StructField("b", ArrayType(IntegerType())),
+                         StructField("c", LongType()), StructField("d", DoubleType()),
+                         StructField("v", VectorUDT())])
+    sig = tracking.signature_for(model, schema).to_dict()
+    import json
+    inputs = {c["name"]: c for c in json.loads(sig["inputs"])}
+    assert inputs["a"]["items"]["type"] == "double" and inputs["b"]["items"]["type"] == "long"
+    assert inputs["c"]["type"] == "long" and inputs["d"]["type"] == "double"
+    assert inputs["v"]["items"]["type"] == "double"
+    assert [c["name"] for c in json.loads(sig["outputs"])] == ["prediction", "probability",
+                                                               "rawPrediction"]
 
 
 def test_a_model_that_cannot_be_exported_is_logged_as_a_pickle_and_says_why(store, caplog):
@@ -189,7 +280,7 @@ def test_a_model_that_cannot_be_exported_is_logged_as_a_pickle_and_says_why(stor
     model._factory, model._state = (lambda: net), net.state_dict()
     with mlflow.start_run() as run, \
             caplog.at_level(logging.WARNING, logger="sparkddl.tracking"):
-        uri = tracking.log_model(model, None, run.info.run_id)
+        uri = tracking.log_model(model, run.info.run_id)
     assert model.program() is None and model.export_error
     assert "could not be exported" in caplog.text and model.export_error[:40] in caplog.text
     assert store.get_run(run.info.run_id).data.tags["sparkddl.export_error"] == \
