@@ -103,7 +103,8 @@ class TrainConfig:
         "marking them; None: no validation", param="validation", preset="data",
         preset_default=0.2)
     store: str = option("file:///tmp/sparkddl", "where data and run artifacts go (path, "
-                        "file://, hdfs://, s3://, dbfs:/)", param="store", convert="toString",
+                        "file://, /Volumes/..., hdfs://, s3://, dbfs:/, gs://, abfss:// or "
+                        "another fsspec filesystem)", param="store", convert="toString",
                         preset_default="runs/store")
     seed: int = option(0, "seed for initialization, data order and the validation split",
                        param="seed", convert="toInt", preset="data")

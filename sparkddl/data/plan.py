@@ -120,7 +120,11 @@ def sub_shard(plan: ShardPlan, rank: int, part: int, parts: int) -> tuple[int, i
     return rank + plan.world * part, plan.world * parts
 
 
-def resolve_reader(choice: str, where: str = "driver", rows_selected: bool = False) -> str:
+PETASTORM_SCHEMES = ("file", "hdfs", "s3", "s3a", "dbfs")  # Petastorm's own resolver
+
+
+def resolve_reader(choice: str, where: str = "driver", rows_selected: bool = False,
+                   url: str = "") -> str:
     """The reader ``choice`` means in this Python process: "petastorm" or "arrow".
 
     "auto" takes Petastorm where it loads, else the Arrow reader; an explicit "petastorm"
@@ -140,6 +144,14 @@ def resolve_reader(choice: str, where: str = "driver", rows_selected: bool = Fal
                 "selected inside row groups); use reader='auto' or 'arrow', or validation=None")
         return _chosen("arrow", "reader='auto' and the table read in place is split inside "
                        "its row groups, which the Arrow reader does", where)
+    scheme = url.split("://", 1)[0] if "://" in url else "file"
+    if scheme not in PETASTORM_SCHEMES:
+        if choice == "petastorm":
+            raise ConfigError(f"reader='petastorm' cannot read {scheme}:// (Petastorm opens "
+                              f"{', '.join(PETASTORM_SCHEMES)} itself); use reader='auto' or "
+                              "'arrow', which reads any filesystem the store opens")
+        return _chosen("arrow", f"reader='auto' and the data is on {scheme}://, which the "
+                       "Arrow reader opens through fsspec", where)
     problem = unavailable_reason()
     if choice == "petastorm" and problem:
         raise ConfigError(
@@ -188,7 +200,7 @@ def plan_shards(url: str, columns: tuple[ColumnSpec, ...], row_group_rows: list[
     row groups) and the common number of steps per epoch. ``options`` are the reader
     fields of :class:`ShardPlan`; its ``reader`` choice is checked here, on the driver."""
     resolve_reader(options.get("reader", "auto"),
-                   rows_selected=options.get("selection") is not None)
+                   rows_selected=options.get("selection") is not None, url=url)
     total = sum(row_group_rows)
     check_enough_rows(total, world, batch_size)
     by_group = shard_rows(row_group_rows, world)

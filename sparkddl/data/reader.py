@@ -49,7 +49,8 @@ def epoch_batches(plan: ShardPlan, rank: int, epoch: int) -> Iterator[dict[str, 
     if plan.reader_pool not in POOL_TYPES:
         raise DataError(f"unknown reader pool {plan.reader_pool!r}; choose one of "
                         f"{', '.join(POOL_TYPES)}")
-    source = SOURCES[resolve_reader(plan.reader, f"rank {rank}", plan.selection is not None)]
+    source = SOURCES[resolve_reader(plan.reader, f"rank {rank}", plan.selection is not None,
+                                    plan.url)]
     if plan.files:
         from sparkddl.store import Store
         store = Store.from_uri(plan.url)

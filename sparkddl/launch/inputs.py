@@ -73,6 +73,7 @@ def fit_inputs(df: Any, model: Any, optimizer: Any, loss: Any, config: TrainConf
     check_scheduler(schedule, recipe.build(module.parameters(), config.learning_rate),
                     config.epochs, optimizer_steps_per_epoch=1)
     store = Store.from_uri(config.store)
+    store.check_shared()
     store.check_writable()
     data = prepare_data(df, config, store, config.num_workers)
     sample = read_rows(data.train, limit=8)

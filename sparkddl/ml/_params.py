@@ -156,7 +156,7 @@ class HasTorchEstimatorParams(HasTorchModelParams):
         typeConverter=TypeConverters.identity)
     store: Param = Param(
         Params._dummy(), 'store',
-        'where data and run artifacts go (path, file://, hdfs://, s3://, dbfs:/)',
+        'where data and run artifacts go (path, file://, /Volumes/..., hdfs://, s3://, dbfs:/, gs://, abfss:// or another fsspec filesystem)',
         typeConverter=TypeConverters.toString)
     seed: Param = Param(
         Params._dummy(), 'seed',
@@ -390,11 +390,11 @@ class HasTorchEstimatorParams(HasTorchModelParams):
         return self.getOrDefault(self.validation)
 
     def setStore(self, value: Any) -> Any:
-        """Sets store: where data and run artifacts go (path, file://, hdfs://, s3://, dbfs:/)"""
+        """Sets store: where data and run artifacts go (path, file://, /Volumes/..., hdfs://, s3://, dbfs:/, gs://, abfss:// or another fsspec filesystem)"""
         return self._set(store=value)
 
     def getStore(self) -> Any:
-        """store: where data and run artifacts go (path, file://, hdfs://, s3://, dbfs:/)"""
+        """store: where data and run artifacts go (path, file://, /Volumes/..., hdfs://, s3://, dbfs:/, gs://, abfss:// or another fsspec filesystem)"""
         return self.getOrDefault(self.store)
 
     def setSeed(self, value: Any) -> Any:

@@ -9,6 +9,13 @@ Layout under a store root::
     runs/<run_id>/checkpoints/ snapshots/           checkpoints; snapshots too large for the channel
 
 Rank logs are forwarded to the driver's log as they happen; they are not kept in the Store.
+
+Filesystems: ``file`` (plain paths too, Unity Catalog Volumes' ``/Volumes/...`` included),
+``hdfs`` and ``s3`` through pyarrow's own; every other scheme fsspec knows (``gs``,
+``abfss``, ``az``, ``memory``, ...) through fsspec, wrapped as a pyarrow filesystem, so the
+readers have one code path; ``dbfs:/`` through the ``/dbfs`` FUSE mount where there is one,
+else through fsspec's Databricks filesystem (the DBFS REST API, with ``DATABRICKS_HOST`` and
+``DATABRICKS_TOKEN``), as on Databricks' standard (shared) compute, which has no mount.
 """
 from __future__ import annotations
 
@@ -22,9 +29,24 @@ from urllib.parse import urlparse
 
 from sparkddl.errors import StoreError
 
-SCHEMES = ("file", "hdfs", "s3", "dbfs")
+NATIVE = ("file", "hdfs", "s3", "dbfs")  # pyarrow's own filesystems (dbfs: the mount)
 _ALIASES = {"s3a": "s3", "s3n": "s3"}
 DBFS_MOUNT = "/dbfs"
+VOLUMES = "/Volumes/"  # Unity Catalog Volumes: a local path in Python, dbfs:/Volumes in Spark
+OBJECT_STORES = ("s3", "gs", "gcs", "abfs", "abfss", "az", "adl", "oss")
+
+
+# schemes whose fsspec package registers them only once installed: the package to name
+PACKAGES = {"abfs": "adlfs", "abfss": "adlfs", "az": "adlfs", "gs": "gcsfs", "gcs": "gcsfs"}
+
+
+def fsspec_schemes() -> set[str]:
+    """Schemes fsspec can open (its registry: installed or known, with the package named)."""
+    try:
+        from fsspec.registry import known_implementations, registry
+    except ImportError:
+        return set(PACKAGES)
+    return set(known_implementations) | set(registry) | set(PACKAGES)
 
 
 @dataclass(frozen=True)
@@ -52,7 +74,7 @@ class Store:
     def url(self, *parts: str) -> str:
         """Canonical URI for pyarrow / Petastorm readers."""
         joined = _join(self.root, *parts)
-        if self.scheme == "dbfs":
+        if self.scheme == "dbfs" and _dbfs_mounted():
             return "file://" + DBFS_MOUNT + _path_of(joined)
         return joined
 
@@ -61,6 +83,8 @@ class Store:
         joined = _join(self.root, *parts)
         if self.scheme == "s3":
             return "s3a" + joined[len("s3"):]
+        if self.scheme == "file" and _path_of(joined).startswith(VOLUMES):
+            return "dbfs:" + _path_of(joined)  # what Databricks' Spark reads Volumes as
         return joined
 
     def data_url(self, fingerprint: str, *parts: str) -> str:
@@ -83,6 +107,10 @@ class Store:
         parsed = urlparse(url)
         if parsed.scheme == "s3":
             return parsed.netloc + parsed.path
+        if parsed.scheme == "dbfs":  # the DBFS API takes absolute paths
+            return parsed.path or "/"
+        if parsed.scheme not in ("file", "hdfs"):  # fsspec's own path for its filesystem
+            return _fsspec_filesystem(self.root)._strip_protocol(url)
         return parsed.path
 
     def exists(self, url: str) -> bool:
@@ -97,7 +125,7 @@ class Store:
         """Write atomically: readers see the old file or the whole new one, never a part."""
         fs, path = self.filesystem(), self.fs_path(url)
         fs.create_dir(posixpath.dirname(path), recursive=True)
-        if self.scheme == "s3":  # one PUT is atomic on object stores
+        if self.scheme in OBJECT_STORES or self.scheme == "memory":  # one PUT is atomic
             with fs.open_output_stream(path) as f:
                 f.write(data)
             return
@@ -121,6 +149,14 @@ class Store:
         selector = pafs.FileSelector(self.fs_path(url), allow_not_found=True)
         return sorted(posixpath.basename(i.path) for i in self.filesystem().get_file_info(selector))
 
+    def check_shared(self) -> None:
+        """Fail early if the executors cannot reach this store (an in-memory filesystem lives
+        in one process)."""
+        if self.scheme == "memory":
+            raise StoreError(f"store {self.root} is in this process's memory, which Spark's "
+                             "executors cannot reach; give a path or a shared filesystem "
+                             "(file:// on one machine, s3://, gs://, abfss://, dbfs:/, ...)")
+
     def check_writable(self) -> None:
         """Fail early, with the location in the message, if the store cannot be written."""
         probe = self.url(f".write-probe-{uuid.uuid4().hex[:8]}")
@@ -141,9 +177,10 @@ def normalize_uri(uri: str) -> str:
     if scheme in ("", "file"):
         path = parsed.path if scheme == "file" else uri
         return "file://" + os.path.abspath(os.path.expanduser(path)).rstrip("/")
-    if scheme not in SCHEMES:
+    if scheme not in NATIVE and scheme not in fsspec_schemes():
         raise StoreError(f"unsupported store URI {uri!r}: scheme {parsed.scheme!r}; use one of "
-                         "file:// (or a plain path), hdfs://, s3:// (s3a://), dbfs:/")
+                         "file:// (or a plain path, /Volumes/... included), hdfs://, s3:// "
+                         "(s3a://), dbfs:/, or a scheme fsspec knows (gs://, abfss://, ...)")
     if scheme == "dbfs":  # dbfs:/a, dbfs:///a and dbfs://a all name /a on DBFS
         path = posixpath.normpath("/" + (parsed.netloc + parsed.path).lstrip("/"))
         return "dbfs:" + (path.rstrip("/") or "/")
@@ -164,15 +201,46 @@ def _path_of(uri: str) -> str:
     return urlparse(uri).path or "/"
 
 
+def _dbfs_mounted() -> bool:
+    return os.path.isdir(DBFS_MOUNT)
+
+
 def _make_filesystem(store: Store) -> Any:
     from pyarrow import fs as pafs
-    if store.scheme in ("file", "dbfs"):
-        if store.scheme == "dbfs" and not os.path.isdir(DBFS_MOUNT):
-            raise StoreError(f"store {store.root} needs the {DBFS_MOUNT} FUSE mount, which exists "
-                             "on Databricks clusters only; use a file:// or s3:// store elsewhere")
+    if store.scheme == "file" or (store.scheme == "dbfs" and _dbfs_mounted()):
         return pafs.LocalFileSystem()
+    if store.scheme == "dbfs" and not (os.environ.get("DATABRICKS_HOST") and
+                                       os.environ.get("DATABRICKS_TOKEN")):
+        raise StoreError(f"store {store.root} needs the {DBFS_MOUNT} FUSE mount (Databricks "
+                         "clusters with it) or DATABRICKS_HOST and DATABRICKS_TOKEN for the "
+                         "DBFS API (standard compute without the mount); elsewhere use a "
+                         "file://, s3:// or /Volumes/... store")
+    if store.scheme in ("hdfs", "s3"):
+        try:
+            fs, _ = pafs.FileSystem.from_uri(store.url())
+        except Exception as exc:
+            raise StoreError(f"cannot open store {store.root}: {exc}") from exc
+        return fs
+    return pafs.PyFileSystem(pafs.FSSpecHandler(_fsspec_filesystem(store.root)))
+
+
+@functools.lru_cache(maxsize=None)
+def _fsspec_filesystem(root: str) -> Any:
+    """The fsspec filesystem of a store root; a StoreError names the package a scheme needs."""
+    import fsspec
+    scheme = root.split(":", 1)[0]
+    options: dict[str, Any] = {}
+    if scheme == "dbfs":
+        options = {"instance": urlparse(os.environ["DATABRICKS_HOST"]).netloc or
+                   os.environ["DATABRICKS_HOST"], "token": os.environ["DATABRICKS_TOKEN"]}
     try:
-        fs, _ = pafs.FileSystem.from_uri(store.url())
+        return fsspec.filesystem(scheme, **options)
+    except (ImportError, ValueError) as exc:  # ValueError: a scheme nothing registered yet
+        package = PACKAGES.get(scheme)
+        if package is None and not isinstance(exc, ImportError):
+            raise StoreError(f"cannot open store {root}: {exc}") from exc
+        hint = f"pip install {package}" if package else str(exc)
+        raise StoreError(f"store {root}: the {scheme}:// filesystem's package is not installed "
+                         f"({hint}); install it on the driver and the executors") from exc
     except Exception as exc:
-        raise StoreError(f"cannot open store {store.root}: {exc}") from exc
-    return fs
+        raise StoreError(f"cannot open store {root}: {type(exc).__name__}: {exc}") from exc

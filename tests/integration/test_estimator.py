@@ -261,6 +261,12 @@ def test_bad_params_are_refused(spark_local, tmp_path, params, match):
         estimator(tmp_path, **params).fit(digits_df(spark_local))
 
 
+def test_a_store_the_executors_cannot_reach_is_refused(spark_local, tmp_path):
+    from sparkddl.errors import StoreError
+    with pytest.raises(StoreError, match="memory.*executors cannot reach"):
+        estimator("memory://sparkddl-fit").fit(digits_df(spark_local))
+
+
 def test_float_labels_for_cross_entropy(spark_local, tmp_path):
     df = digits_df(spark_local).selectExpr("features", "cast(label as double) as label")
     with pytest.raises(ConfigError, match=r"CrossEntropyLoss needs integer class labels"):

@@ -208,3 +208,29 @@ def test_unknown_reader_lists_the_choices():
     with pytest.raises(ConfigError, match=r"unknown reader 'arow'; choose one of auto, "
                                           r"petastorm, arrow"):
         plan_shards("file:///nowhere", COLUMNS, [64, 64], world=2, batch_size=16, reader="arow")
+
+
+def test_ranks_read_an_fsspec_store_with_the_arrow_reader(dataset):
+    """Data on a filesystem Petastorm cannot open (here fsspec's memory://) is read by the
+    Arrow reader through the store's pyarrow-wrapped filesystem; asking for Petastorm says
+    why not."""
+    from sparkddl.store import Store
+    store = Store.from_uri("memory://sparkddl-reader/data")
+    fs, root = store.filesystem(), store.fs_path(store.url())
+    local = dataset[len("file://"):]
+    for f in range(FILES):
+        fs.create_dir(root, recursive=True)
+        with open(f"{local}/part-{f}.parquet", "rb") as src, \
+                fs.open_output_stream(f"{root}/part-{f}.parquet") as dst:
+            dst.write(src.read())
+    try:
+        rows = [g.rows for g in list_row_groups(fs, root)]
+        plan = plan_shards(store.url(), COLUMNS, rows, world=2, batch_size=16)
+        assert resolve_reader("auto", url=store.url()) == "arrow"
+        ids = sorted(_ids(plan, 0, 1) + _ids(plan, 1, 1))
+        assert ids == list(range(GROUP * GROUPS_PER_FILE * FILES))
+        with pytest.raises(ConfigError, match=r"reader='petastorm' cannot read memory://"):
+            plan_shards(store.url(), COLUMNS, rows, world=2, batch_size=16,
+                        reader="petastorm")
+    finally:
+        store.delete(store.url())
