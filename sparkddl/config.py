@@ -35,6 +35,20 @@ def _metrics(value: Any) -> Any:
     return tuple(value)
 
 
+def _function(value: Any) -> Any:
+    """A callable, or 'package.module:function' (how a preset names one), imported here."""
+    if not isinstance(value, str) or ":" not in value:
+        return value
+    import importlib
+    module, _, name = value.partition(":")
+    try:
+        return getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError) as exc:
+        raise ConfigError(f"cannot import {value!r} ({type(exc).__name__}: {exc}); name a "
+                          "function as 'package.module:function' importable on the driver "
+                          "and the executors") from exc
+
+
 def _labels(value: Any) -> str | tuple[str, ...]:
     """One label column (a string), or several (a tuple)."""
     if isinstance(value, str):
@@ -170,6 +184,13 @@ class TrainConfig:
         None, "clip the synchronized gradients to this total L2 norm", param="gradientClipNorm")
     gradient_clip_value: float | None = option(
         None, "clamp each synchronized gradient element to [-v, v]", param="gradientClipValue")
+    transform_fn: Any = option(
+        None, "fn(batch) -> dict of tensors, run on every batch before the model sees it (on "
+        "the ranks, in the reader's threads; on the driver; in TorchModel.transform): batch "
+        "maps each column to a numpy array, object arrays of bytes/str for binary/string "
+        "columns and a list of arrays for variable-length ones; what it does not return "
+        "passes through. A preset names it as 'package.module:function'",
+        param="transformFn", preset="data", preset_type=str | None, normalize=_function)
     train_step: Any = option(
         None, "fn(model, batch) -> scalar loss, replacing model(*features) and loss(output, "
         "label); batch is the dict column -> tensor; also computes val_loss", param="trainStep",
@@ -253,6 +274,10 @@ class TrainConfig:
             if value is not None and (isinstance(value, bool) or not isinstance(
                     value, (int, float)) or not value > 0):
                 raise ConfigError(f"{name} must be a positive number or unset, got {value!r}")
+        if self.transform_fn is not None and not callable(self.transform_fn):
+            raise ConfigError(f"transform_fn must be a function batch -> dict of tensors (or "
+                              f"'package.module:function' in a preset), got "
+                              f"{type(self.transform_fn).__name__}")
         if self.train_step is not None and not callable(self.train_step):
             raise ConfigError(f"train_step must be a function (model, batch) -> loss, got "
                               f"{type(self.train_step).__name__}")

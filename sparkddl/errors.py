@@ -33,6 +33,11 @@ class CheckpointError(SparkDDLError):
     """No usable checkpoint could be written or read."""
 
 
+class TransformError(DataError):
+    """The transformFn raised, or returned other shapes than on earlier batches. Not retried:
+    a relaunch would give it the same rows."""
+
+
 class NonFiniteLossError(SparkDDLError):
     """A rank's loss was NaN or infinite (onNonFiniteLoss='raise'). Not retried: a relaunch
     from the last checkpoint reaches the same batch with the same weights."""

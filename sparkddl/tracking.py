@@ -287,6 +287,10 @@ def log_model(model: Any, run_id: str, schema: Any = None, example: Any = None) 
     DataFrame's ``schema`` and ``example`` (pandas) as the input example; the model's URI."""
     from mlflow.models import Model
 
+    if model._transform_fn is not None:
+        raise RuntimeError("the model has a transformFn, which its MLflow pyfunc could not run "
+                           "without the code; save it with TorchModel.save (or log it "
+                           "yourself with mlflow.pytorch)")
     signature = signature_for(model, schema)
     program = model.program()
     kwargs: dict[str, Any] = {"run_id": run_id, "torch_model": model, "signature": signature,

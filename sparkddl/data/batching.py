@@ -31,6 +31,10 @@ def decode_arrow(col: ColumnSpec, values: Any) -> np.ndarray:
                         "drop or fill them first")
     if col.encoding == "tensor":
         return decode_tensor(col, _tensor_bytes(col, arr), n)
+    if col.encoding in ("binary", "string"):  # bytes / str objects: the transformFn's input
+        return arr.to_numpy(zero_copy_only=False)
+    if col.encoding == "varlist":
+        return decode_varlist(col, arr)
     if col.encoding == "list":
         step = value_counts(arr)
         if len(step) and (step.min() != col.width or step.max() != col.width):
@@ -40,6 +44,24 @@ def decode_arrow(col: ColumnSpec, values: Any) -> np.ndarray:
         return flat.astype(col.dtype, copy=False).reshape((n, *col.shape))
     return arr.to_numpy(zero_copy_only=False).astype(col.dtype, copy=False).reshape(
         (n, *col.shape))
+
+
+def decode_varlist(col: ColumnSpec, arr: Any) -> np.ndarray:
+    """Arrays of varying length -> an object array of 1-D ``col.dtype`` arrays, views of one
+    flat buffer."""
+    flat = arr.flatten().to_numpy(zero_copy_only=False).astype(col.dtype, copy=False)
+    offsets = _raw_offsets(arr) if not _is_fixed(arr) else \
+        np.arange(len(arr) + 1) * arr.type.list_size
+    offsets = offsets - offsets[0]
+    out = np.empty(len(arr), dtype=object)
+    for i in range(len(arr)):  # one view per row: a row of its own length
+        out[i] = flat[offsets[i]:offsets[i + 1]]
+    return out
+
+
+def _is_fixed(arr: Any) -> bool:
+    import pyarrow as pa
+    return pa.types.is_fixed_size_list(arr.type)
 
 
 def decode_tensor(col: ColumnSpec, raw: Any, n: int) -> np.ndarray:

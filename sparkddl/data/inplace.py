@@ -17,7 +17,8 @@ from urllib.parse import urlparse
 from sparkddl.data.plan import data_files
 from sparkddl.store import Store
 
-IN_PLACE_KINDS = ("integral", "floating", "boolean", "array:integral", "array:floating")
+IN_PLACE_KINDS = ("integral", "floating", "boolean", "array:integral", "array:floating",
+                  "binary", "string")
 
 
 @dataclass(frozen=True)

@@ -67,6 +67,8 @@ def materialize(spark: Any, df: Any, spec: DataSpec, store: Store, *, num_worker
     identity: dict[str, Any] = {"columns": [(c, spec.role(c), kinds[c]) for c in spec.columns],
                                 "shapes": spec.feature_shapes, "validation": validation,
                                 "seed": seed, "min_row_groups": groups}
+    if spec.raw:  # arrays of varying length are kept as they are
+        identity["raw"] = True
     sc = cluster_context(spark)
     if fp.identified_by_files(df):
         # the plan and the files identify the data: one pass, which checks while it writes
@@ -75,7 +77,7 @@ def materialize(spark: Any, df: Any, spec: DataSpec, store: Store, *, num_worker
         if cached:
             return cached
         with heap_errors(sc, "sizing the training data"):
-            rows, widths = _size(df, selected, spec, kinds)
+            rows, widths, varying = _size(df, selected, spec, kinds)
         if not rows:
             raise DataError("the DataFrame is empty: there is nothing to train on")
         profile = None
@@ -88,9 +90,11 @@ def materialize(spark: Any, df: Any, spec: DataSpec, store: Store, *, num_worker
         if cached:
             return cached
         rows, widths = profile.rows, {c: lo for c, (lo, _) in profile.lengths.items()}
+        varying = {c for c, (lo, hi) in profile.lengths.items() if lo != hi and _may_vary(spec, c)}
     key = fp.fingerprint(identity)
     columns = tuple(column_spec(c, spec.role(c), kinds[c], widths.get(c),
-                                spec.declared_shape(c)) for c in spec.columns)
+                                spec.declared_shape(c), varying=c in varying)
+                    for c in spec.columns)
     with heap_errors(sc, "writing the training data"):
         prepared, sums = _write(selected, columns, store, key, rows, groups,
                                 row_group_bytes(sc, ROW_GROUP_BYTES))
@@ -210,6 +214,8 @@ def _check(p: Profile, spec: DataSpec, split_col: str | None, fraction: float,
         what = ", ".join(f"{c!r} ({n} rows)" for c, n in elements.items())
         raise DataError(f"arrays with null elements in {what}; fill or drop them first")
     for name, (lo, hi) in p.lengths.items():
+        if _may_vary(spec, name):
+            continue  # kept as they are: the transformFn makes tensors of them
         if lo != hi:
             raise DataError(f"column {name!r} holds arrays of unequal length (from {lo} to {hi} "
                             "values); every row needs the same length (pad or truncate first)")
@@ -224,24 +230,37 @@ def _check(p: Profile, spec: DataSpec, split_col: str | None, fraction: float,
     check_enough_rows(p.rows - p.val_rows, num_workers, batch_size)
 
 
+def _may_vary(spec: DataSpec, name: str) -> bool:
+    """Arrays of this column may differ in length: a transformFn makes tensors of them."""
+    return spec.raw and spec.role(name) == "feature"
+
+
 def _size(df: Any, selected: Any, spec: DataSpec, kinds: dict[str, str]
-          ) -> tuple[int, dict[str, int]]:
+          ) -> tuple[int, dict[str, int], set[str]]:
     """Rows (a count of ``df``, which has the rows of ``selected``: a file scan answers it
-    without reading columns, where the split's ``rand`` would make Spark read them) and the
+    without reading columns, where the split's ``rand`` would make Spark read them), the
     length of every array column in its first row with values (the write checks every
-    other row)."""
+    other row), and the array columns whose lengths vary (with a transformFn: their lengths
+    are aggregated over all rows)."""
     from pyspark.sql import functions as F
 
     rows = df.count()
     arrays = [c for c in spec.columns if _is_array(kinds[c])]
     if not rows or not arrays:
-        return rows, {}
+        return rows, {}, set()
+    free = [c for c in arrays if _may_vary(spec, c)]
+    varying: set[str] = set()
+    if free:
+        row = selected.agg(*[F.min(F.size(_q(c))).alias(f"lo{i}") for i, c in enumerate(free)],
+                           *[F.max(F.size(_q(c))).alias(f"hi{i}") for i, c in enumerate(free)]
+                           ).collect()[0]
+        varying = {c for i, c in enumerate(free) if row[f"lo{i}"] != row[f"hi{i}"]}
     present = functools.reduce(lambda a, b: a & b, [_q(c).isNotNull() for c in arrays])
     first = selected.where(present).select(*[F.size(_q(c)).alias(f"w{i}")
                                              for i, c in enumerate(arrays)]).limit(1).collect()
-    if not first:
-        return rows, {c: 0 for c in arrays}  # every row has a null array: the check says so
-    return rows, {c: int(first[0][f"w{i}"]) for i, c in enumerate(arrays)}
+    if not first:  # every row has a null array: the check says so
+        return rows, {c: 0 for c in arrays}, varying
+    return rows, {c: int(first[0][f"w{i}"]) for i, c in enumerate(arrays)}, varying
 
 
 def _is_array(kind: str) -> bool:
@@ -326,7 +345,6 @@ def write_partition(columns: tuple[ColumnSpec, ...], store: Store, root: str, gr
     """mapInArrow, on an executor: encode one partition (:func:`encode_batch`), write its
     training and validation rows to a Parquet file each, in row groups of ``group_rows``,
     and yield one report row per file (plus one carrying the statistics)."""
-    import numpy as np
     import pyarrow as pa
     import pyarrow.parquet as pq
     from pyspark import TaskContext
@@ -334,8 +352,7 @@ def write_partition(columns: tuple[ColumnSpec, ...], store: Store, root: str, gr
     ctx = TaskContext.get()
     name = f"part-{ctx.partitionId():05d}-{ctx.attemptNumber()}.parquet"
     fs = store.filesystem()
-    schema = pa.schema([(c.name, pa.binary() if c.encoding == "tensor" else
-                         pa.from_numpy_dtype(np.dtype(c.dtype))) for c in columns])
+    schema = pa.schema([(c.name, arrow_type(c)) for c in columns])
     plain = [c.name for c in columns if c.encoding != "tensor"]
     writers: dict[str, Any] = {}
     pending: dict[str, list[Any]] = {"train": [], "val": []}
@@ -376,6 +393,19 @@ def write_partition(columns: tuple[ColumnSpec, ...], store: Store, root: str, gr
         "stats": [json.dumps({})] * len(reports) + [json.dumps(sums)]})
 
 
+def arrow_type(c: ColumnSpec) -> Any:
+    """How a column is stored in the materialized Parquet."""
+    import numpy as np
+    import pyarrow as pa
+    if c.encoding in ("tensor", "binary"):
+        return pa.binary()
+    if c.encoding == "string":
+        return pa.string()
+    if c.encoding == "varlist":
+        return pa.list_(pa.from_numpy_dtype(np.dtype(c.dtype)))
+    return pa.from_numpy_dtype(np.dtype(c.dtype))
+
+
 def encode_batch(columns: tuple[ColumnSpec, ...], schema: Any, batch: Any
                  ) -> tuple[dict[str, Any], dict[str, Any]]:
     """One Arrow batch -> (its statistics, its rows encoded by split: arrays as fixed-width
@@ -413,6 +443,15 @@ def encode_batch(columns: tuple[ColumnSpec, ...], schema: Any, batch: Any
             offsets = np.arange(0, (len(col) + 1) * c.nbytes, c.nbytes, dtype=np.int32)
             col = pa.Array.from_buffers(pa.binary(), len(col),
                                         [None, pa.py_buffer(offsets), pa.py_buffer(raw)])
+        elif c.raw:  # as it is: the transformFn reads it
+            if c.encoding == "varlist" and len(col):
+                lengths = pc.list_value_length(col).fill_null(0)
+                lo, hi = pc.min_max(lengths).values()
+                sums[f"lo:len:{c.name}"], sums[f"hi:len:{c.name}"] = lo.as_py(), hi.as_py()
+                flat = col.flatten()
+                sums[f"elements:{c.name}"] = flat.null_count
+                encodable &= not flat.null_count
+            col = col.cast(arrow_type(c))
         else:
             if c.role == "label" and c.dtype == "int64" and col.null_count < len(col):
                 lo, hi = pc.min_max(col).values()

@@ -61,6 +61,10 @@ class ShardPlan:
     # data file as planned, so that a file changed during the fit is noticed
     selection: Selection | None = None
     files: tuple[tuple[str, int, int], ...] = ()
+    # the transformFn, run on the reader's threads on every batch before it is handed over,
+    # and what it returned for the driver's sample: (column, per-row shape, dtype)
+    transform: Any = None
+    transform_shapes: tuple[tuple[str, tuple[int, ...], str], ...] = ()
 
     @property
     def names(self) -> list[str]:

@@ -20,6 +20,7 @@ from sparkddl.config import POOL_TYPES
 from sparkddl.data import arrow_source, petastorm_source
 from sparkddl.data.batching import Chunk, Rebatcher, decode_arrow, to_tensors
 from sparkddl.data.plan import ShardPlan, check_unchanged, resolve_reader
+from sparkddl.data.transform import Shapes, ahead
 from sparkddl.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -61,13 +62,22 @@ def epoch_batches(plan: ShardPlan, rank: int, epoch: int) -> Iterator[dict[str, 
     emitted = 0
     groups = _prefetched(source, plan, rank, epoch) if plan.reader_pool == "thread" else \
         _decoded(source, plan, rank, epoch, 0, 1)
+    tensors: Iterator[dict[str, Any]]
+    if plan.transform is not None:
+        tensors = ahead(plan.transform, _rebatched(groups, rebatcher), plan.reader_workers,
+                        lambda i: f"rank {rank}, epoch {epoch}, batch {i}",
+                        Shapes(plan.transform_shapes))
+    else:
+        tensors = map(to_tensors, _rebatched(groups, rebatcher))
     try:
-        for batch in _rebatched(groups, rebatcher):
-            yield to_tensors(batch)
+        for batch in tensors:
+            yield batch
             emitted += 1
             if emitted == plan.steps_per_epoch:
                 return
     finally:
+        if hasattr(tensors, "close"):
+            tensors.close()
         groups.close()
     raise DataError(f"rank {rank} got {emitted} batches in epoch {epoch}, expected "
                     f"{plan.steps_per_epoch}: the dataset at {plan.url} changed after it was "

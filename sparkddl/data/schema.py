@@ -5,6 +5,11 @@ floating ones float32. Vectors and fixed-length arrays are stored as ``tensor`` 
 fixed-width binary value of raw little-endian bytes per row, which both readers turn into a
 ``[B, *shape]`` array without touching Python objects per row. Parquet list columns (in
 datasets written elsewhere) are decoded too, more slowly.
+
+With a ``transformFn`` (``DataSpec.raw``), feature columns may also hold what only that
+function turns into tensors: ``binary`` (bytes per row, e.g. PNG/JPEG), ``string`` (text),
+and ``varlist`` (numeric arrays of any length). They reach the function as numpy object
+arrays of ``bytes``/``str``, and as a list of 1-D arrays.
 """
 from __future__ import annotations
 
@@ -16,7 +21,11 @@ from sparkddl.errors import DataError
 
 SUPPORTED_TYPES = ("numeric scalars (byte, short, int, long, float, double, decimal, boolean)",
                    "fixed-length array<float|double|int|long|short|byte>",
-                   "pyspark.ml.linalg Vector")
+                   "pyspark.ml.linalg Vector",
+                   "with a transformFn, features of binary, string or variable-length arrays")
+RAW_KINDS = ("binary", "string")  # need a transformFn, as do arrays of varying length
+RAW_ENCODINGS = ("binary", "string", "varlist")
+RAW_ROW_BYTES = 1024  # a guess of one raw value's size, for row-group sizing only
 
 
 @dataclass(frozen=True)
@@ -32,8 +41,15 @@ class ColumnSpec:
         return math.prod(self.shape) if self.shape else 1
 
     @property
+    def raw(self) -> bool:
+        """Bytes, text or arrays of varying length: a transformFn makes tensors of them."""
+        return self.encoding in RAW_ENCODINGS
+
+    @property
     def nbytes(self) -> int:
         import numpy as np
+        if self.raw:
+            return RAW_ROW_BYTES
         return self.width * np.dtype(self.dtype).itemsize
 
     def to_json(self) -> dict[str, Any]:
@@ -53,13 +69,15 @@ class DataSpec:
     label_cols: tuple[str, ...] = ()
     extra_cols: tuple[str, ...] = ()
     feature_shapes: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    raw: bool = False  # a transformFn runs on the batches: raw feature columns are allowed
 
     @classmethod
     def of(cls, features: str | Iterable[str], labels: str | Iterable[str] | None = None,
            extra: str | Iterable[str] | None = None,
-           shapes: dict[str, Iterable[int]] | None = None) -> "DataSpec":
+           shapes: dict[str, Iterable[int]] | None = None, raw: bool = False) -> "DataSpec":
         spec = cls(_names(features), _names(labels), _names(extra),
-                   tuple((k, tuple(int(d) for d in v)) for k, v in (shapes or {}).items()))
+                   tuple((k, tuple(int(d) for d in v)) for k, v in (shapes or {}).items()),
+                   raw)
         if not spec.feature_cols:
             raise DataError("no feature column given; name at least one (featuresCol)")
         seen: set[str] = set()
@@ -111,6 +129,10 @@ def spark_kind(data_type: Any) -> str:
         return "boolean"
     if name == "VectorUDT":
         return "vector"
+    if name == "BinaryType":
+        return "binary"
+    if name == "StringType":
+        return "string"
     if name == "ArrayType":
         inner = spark_kind(data_type.elementType)
         return f"array:{inner}" if inner in ("integral", "floating") else "unsupported"
@@ -118,9 +140,15 @@ def spark_kind(data_type: Any) -> str:
 
 
 def column_spec(name: str, role: str, kind: str, width: int | None,
-                declared: tuple[int, ...] | None = None) -> ColumnSpec:
+                declared: tuple[int, ...] | None = None, varying: bool = False) -> ColumnSpec:
     """The stored/decoded form of one column, given its Spark kind and (for vectors and
-    arrays) the fixed length seen in the data."""
+    arrays) the fixed length seen in the data; ``varying``: arrays of several lengths (with
+    a transformFn)."""
+    if kind in RAW_KINDS:
+        return ColumnSpec(name, role, kind, "object")
+    if varying:
+        return ColumnSpec(name, role, "varlist",
+                          "int64" if kind == "array:integral" else "float32")
     if declared and not all(isinstance(d, int) and d > 0 for d in declared):
         raise DataError(f"column {name!r}: declared shape {tuple(declared)} has a dimension that "
                         "is not a positive integer; give every dimension as a whole number ≥ 1, "
@@ -158,6 +186,16 @@ def check_columns(spec: DataSpec, available: dict[str, tuple[str, str]]) -> None
         raise DataError(f"column(s) {', '.join(map(repr, missing))} not found; the data has "
                         f"{listing}")
     bad = [f"{c!r} ({available[c][1]})" for c in spec.columns if available[c][0] == "unsupported"]
+    raw = [c for c in spec.columns if available[c][0] in RAW_KINDS]
+    if raw and not spec.raw:
+        what = ", ".join(f"{c!r} ({available[c][1]})" for c in raw)
+        raise DataError(f"column(s) {what} hold bytes or text, which become tensors only through "
+                        "a transformFn: give transformFn=fn(batch) -> dict of tensors (e.g. "
+                        "decoding PNG bytes), or convert the column in Spark first")
+    not_features = [c for c in raw if spec.role(c) != "feature"]
+    if not_features:
+        raise DataError(f"column(s) {', '.join(map(repr, not_features))} hold bytes or text; "
+                        "only feature columns may (labels and weights are numbers)")
     if bad:
         raise DataError(f"column(s) {', '.join(bad)} have unsupported types; supported: "
                         f"{'; '.join(SUPPORTED_TYPES)}. Convert them first (e.g. VectorAssembler, "

@@ -32,6 +32,10 @@ def arrow_kind(t: Any) -> str:
         return "floating"
     if pa.types.is_boolean(t):
         return "boolean"
+    if pa.types.is_binary(t) or pa.types.is_large_binary(t):
+        return "binary"
+    if pa.types.is_string(t) or pa.types.is_large_string(t):
+        return "string"
     if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
         inner = arrow_kind(t.value_type)
         return f"array:{inner}" if inner in ("integral", "floating") else "unsupported"
@@ -66,16 +70,24 @@ def open_parquet(url: str, spec: DataSpec) -> Dataset:
     columns = []
     for name in spec.columns:
         kind = fields[name][0]
-        width = None
+        width, varying = None, False
         if kind.startswith("array"):
             lengths = set(np.unique(value_counts(head.column(name))).tolist())
             width = lengths.pop() if len(lengths) == 1 else None
-            if width is None:
+            # with a transformFn, arrays of varying length are read as they are (told from
+            # the first rows: a later row of another length in a column whose first rows
+            # agree is the reader's DataError)
+            varying = width is None and spec.raw and spec.role(name) == "feature"
+            if width is None and not varying:
                 raise DataError(f"column {name!r} holds arrays of unequal length; every row "
-                                "needs the same length")
-        col = column_spec(name, spec.role(name), kind, width, spec.declared_shape(name))
-        columns.append(ColumnSpec(col.name, col.role, "list" if width else "scalar", col.dtype,
-                                  col.shape))
+                                "needs the same length (or give a transformFn, which gets "
+                                "them as they are)")
+        col = column_spec(name, spec.role(name), kind, width, spec.declared_shape(name),
+                          varying=varying)
+        if not col.raw:
+            col = ColumnSpec(col.name, col.role, "list" if width else "scalar", col.dtype,
+                             col.shape)
+        columns.append(col)
     _check_footers(fs, groups, tuple(columns))
     return Dataset(store.url(), tuple(columns), tuple(g.rows for g in groups))
 
@@ -105,8 +117,10 @@ def _check_footers(fs: Any, groups: list[RowGroup], columns: tuple[ColumnSpec, .
                 stats = chunk.statistics
                 null_count = stats.null_count if stats is not None and stats.has_null_count \
                     else 0
-                if col.encoding == "scalar":
+                if col.encoding in ("scalar", "binary", "string"):
                     nulls[col.name] = nulls.get(col.name, 0) + null_count
+                    continue
+                if col.encoding == "varlist":  # any length; nulls are the reader's error
                     continue
                 if null_count:
                     raise DataError(f"column {col.name!r} of {path} (row group {rg}) holds "
@@ -180,7 +194,7 @@ def prepare_table(url: str, spec: DataSpec, *, num_workers: int, batch_size: int
     whole = open_parquet(url, DataSpec.of(spec.feature_cols, spec.label_cols,
                                           [c for c in columns if c not in spec.feature_cols
                                            and c not in spec.label_cols],
-                                          dict(spec.feature_shapes)))
+                                          dict(spec.feature_shapes), raw=spec.raw))
     store = Store.from_uri(url)
     fs, root = store.filesystem(), store.fs_path(store.url())
     groups = list_row_groups(fs, root)

@@ -82,9 +82,10 @@ class SnapshotEvaluator:
                  metrics: dict[str, Callable[..., Any]], val: Dataset | None,
                  best_by: str, mode: str, patience: int, store: Store, run_id: str,
                  callbacks: Callbacks | None = None, snapshot_every: int = 1,
-                 epochs: int = 0):
+                 epochs: int = 0, transform: Any = None, transform_shapes: Any = ()):
         self.module = build_module(model_factory)
         self.step, self.metrics = step, metrics
+        self.transform, self.transform_shapes = transform, transform_shapes
         self.val = val
         self.callbacks = callbacks or Callbacks([])
         self.snapshot_every, self.epochs = snapshot_every, epochs
@@ -227,6 +228,17 @@ class SnapshotEvaluator:
                      b.snap.epoch if b.snap else -1)
             reply(messages.Stop(snap.epoch).header())
 
+    def _batches(self) -> Any:
+        """The validation split as tensor batches, through the transformFn if there is one."""
+        assert self.val is not None
+        if self.transform is None:
+            yield from map(to_tensors, batches(self.val, EVAL_BATCH))
+            return
+        from sparkddl.data.transform import Shapes, apply
+        shapes = Shapes(self.transform_shapes)
+        for i, batch in enumerate(batches(self.val, EVAL_BATCH)):
+            yield apply(self.transform, batch, f"the driver, validation batch {i}", shapes)
+
     def _evaluate(self, state: dict[str, Any]) -> dict[str, float]:
         import torch
         assert self.val is not None
@@ -237,7 +249,7 @@ class SnapshotEvaluator:
         exact = {k: m.make() for k, m in self.metrics.items() if isinstance(m, ExactMetric)}
         sums = {"val_loss": 0.0, **{f"val_{k}": 0.0 for k in means}}
         with torch.no_grad():
-            for batch in map(to_tensors, batches(self.val, EVAL_BATCH)):
+            for batch in self._batches():
                 loss, output, target = self.step(self.module, batch)
                 n = len(batch[self.step.labels[0]])
                 n_total += n

@@ -102,7 +102,7 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
         inputs = fit_inputs(df, model, optimizer, loss, config)
     store, data = inputs.store, inputs.data
     run_id = config.run_id or new_run_id()
-    plan = shard_plan(data, config, config.num_workers)
+    plan = shard_plan(data, config, config.num_workers, inputs.transform_shapes)
     _record_run(store, run_id, data, config, plan.steps_per_epoch)
     spec = TrainSpec(config, run_id=run_id, model_factory=inputs.factory,
                      optimizer=inputs.optimizer, loss=inputs.loss,
@@ -113,7 +113,8 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
                                   inputs.best_by, best_mode(inputs.best_by, config.best_mode),
                                   config.early_stopping_patience, store, run_id,
                                   callbacks=callbacks, snapshot_every=config.snapshot_every,
-                                  epochs=config.epochs)
+                                  epochs=config.epochs, transform=config.transform_fn,
+                                  transform_shapes=inputs.transform_shapes)
     progress = Progress(config.epochs, plan.steps_per_epoch, enabled=config.progress,
                         samples_per_step=config.batch_size * config.num_workers)
     log.info("fit %s: %d workers x batch %d, %d steps per epoch, %d epochs, strategy %s",

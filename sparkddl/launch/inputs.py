@@ -34,21 +34,47 @@ class FitInputs:
     best_by: str
     step_fn: LossFn  # model + loss (or the trainStep) on a batch
     scheduler: SchedulerRecipe | None
+    transform_shapes: tuple[Any, ...] = ()  # what the transformFn gave the driver's sample
 
 
 def prepare_data(df: Any, config: TrainConfig, store: Store, num_workers: int) -> PreparedData:
     weight = (config.sample_weight,) if config.sample_weight else None
     return prepare(df, DataSpec.of(config.features, config.labels, extra=weight,
-                                   shapes=config.feature_shapes),
+                                   shapes=config.feature_shapes,
+                                   raw=config.transform_fn is not None),
                    num_workers=num_workers, batch_size=config.batch_size, store=store,
                    validation=config.validation, seed=config.seed, reader=config.reader)
 
 
-def shard_plan(data: PreparedData, config: TrainConfig, num_workers: int) -> ShardPlan:
-    return data.train.plan(num_workers, config.batch_size, seed=config.seed,
+def shard_plan(data: PreparedData, config: TrainConfig, num_workers: int,
+               transform_shapes: Any = ()) -> ShardPlan:
+    plan = data.train.plan(num_workers, config.batch_size, seed=config.seed,
                            shuffle_buffer=config.shuffle_buffer,
                            reader_workers=config.reader_workers, reader_pool=config.reader_pool,
                            reader=config.reader)
+    if config.transform_fn is None:
+        return plan
+    return dataclasses.replace(plan, transform=config.transform_fn,
+                               transform_shapes=tuple(transform_shapes))
+
+
+def sample_through_transform(sample: dict[str, Any], config: TrainConfig
+                             ) -> tuple[dict[str, Any], tuple[Any, ...]]:
+    """The driver's sample as the model will see it (through the transformFn, if any), and
+    the shapes the transform gave, which every rank's batches must keep."""
+    if config.transform_fn is None:
+        return sample, ()
+    from sparkddl.data.transform import Shapes, apply
+    shapes = Shapes()
+    out = apply(config.transform_fn, sample, "the driver's sample of the training data",
+                shapes)
+    missing = [f for f in (*config.features, *config.labels) if f not in out]
+    if missing:
+        raise ConfigError(f"after the transformFn the batch has no column "
+                          f"{', '.join(map(repr, missing))}; return the model's inputs under "
+                          "the feature column names (numeric columns it does not return pass "
+                          f"through; it returned {', '.join(out) or 'nothing'})")
+    return {k: v.numpy() for k, v in out.items()}, shapes.record()
 
 
 def fit_inputs(df: Any, model: Any, optimizer: Any, loss: Any, config: TrainConfig
@@ -76,7 +102,7 @@ def fit_inputs(df: Any, model: Any, optimizer: Any, loss: Any, config: TrainConf
     store.check_shared()
     store.check_writable()
     data = prepare_data(df, config, store, config.num_workers)
-    sample = read_rows(data.train, limit=8)
+    sample, transform_shapes = sample_through_transform(read_rows(data.train, limit=8), config)
     check_finite(sample, config.features, config.on_non_finite_loss)
     problem = check_sample(module, step_fn, sample, data.label_range(config.labels[0]))
     problem = dataclasses.replace(problem, inputs=input_specs(sample, config.features))
@@ -85,7 +111,8 @@ def fit_inputs(df: Any, model: Any, optimizer: Any, loss: Any, config: TrainConf
                               problem.kind.value, problem.output_width)
     best_by = resolve_best_by(config.best_by, metrics, data.val is not None)
     return FitInputs(factory, recipe, losses if not isinstance(losses, list) else losses[0],
-                     store, data, problem, metrics, best_by, step_fn, schedule)
+                     store, data, problem, metrics, best_by, step_fn, schedule,
+                     transform_shapes)
 
 
 def check_best_by_early(config: TrainConfig) -> None:

@@ -7,7 +7,7 @@ import time
 from dataclasses import dataclass
 
 from sparkddl import checkpoint
-from sparkddl.errors import ClusterError, NonFiniteLossError, TrainingFailedError
+from sparkddl.errors import ClusterError, NonFiniteLossError, TrainingFailedError, TransformError
 from sparkddl.launch import preflight
 from sparkddl.store import Store
 
@@ -57,6 +57,9 @@ class RestartPolicy:
         if repeats and _non_finite(exc):
             reason = (f"{exc.reason} (not retried: a relaunch from the last checkpoint would "
                       "reach the same batch with the same weights)")
+        elif repeats and _transform_failed(exc):
+            reason = (f"{exc.reason} (not retried: a relaunch would give the transformFn the "
+                      "same rows)")
         elif repeats:
             reason = (f"{exc.reason} (not retried: every rank failed the same way before its "
                       "first step, so every attempt would)")
@@ -87,7 +90,7 @@ def will_repeat(exc: TrainingFailedError, num_workers: int) -> bool:
     """Every rank reported the same error before any training step: a configuration or code
     error (a missing function, a device that does not exist), not a fault a relaunch fixes."""
     failures = exc.failures
-    if _non_finite(exc):
+    if _non_finite(exc) or _transform_failed(exc):
         return True
     if len({f.rank for f in failures}) < num_workers:
         return False
@@ -96,6 +99,10 @@ def will_repeat(exc: TrainingFailedError, num_workers: int) -> bool:
     if any(int(f.status.get("steps") or 0) > 0 for f in failures):
         return False
     return len({f.message for f in failures}) == 1
+
+
+def _transform_failed(exc: TrainingFailedError) -> bool:
+    return any(f.message.startswith(TransformError.__name__) for f in exc.failures)
 
 
 def _non_finite(exc: TrainingFailedError) -> bool:

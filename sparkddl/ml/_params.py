@@ -242,6 +242,10 @@ class HasTorchEstimatorParams(HasTorchModelParams):
         Params._dummy(), 'gradientClipValue',
         'clamp each synchronized gradient element to [-v, v]',
         typeConverter=TypeConverters.identity)
+    transformFn: Param = Param(
+        Params._dummy(), 'transformFn',
+        "fn(batch) -> dict of tensors, run on every batch before the model sees it (on the ranks, in the reader's threads; on the driver; in TorchModel.transform): batch maps each column to a numpy array, object arrays of bytes/str for binary/string columns and a list of arrays for variable-length ones; what it does not return passes through. A preset names it as 'package.module:function'",
+        typeConverter=TypeConverters.identity)
     trainStep: Param = Param(
         Params._dummy(), 'trainStep',
         'fn(model, batch) -> scalar loss, replacing model(*features) and loss(output, label); batch is the dict column -> tensor; also computes val_loss',
@@ -297,9 +301,9 @@ class HasTorchEstimatorParams(HasTorchModelParams):
                 readerPool='thread', reader='auto', useGpu=False, timeout=None, lrScheduler=None,
                 lrSchedulerOptions={}, lrSchedulerInterval='epoch', precision='32',
                 backwardPassesPerStep=1, gradientClipNorm=None, gradientClipValue=None,
-                trainStep=None, onNonFiniteLoss='raise', strategy='allreduce', strategyOptions={},
-                progress=True, checkpointEvery=1, checkpointEverySteps=0, keepCheckpoints=3,
-                maxRestarts=2, runId=None, watchdogTimeout=900.0)
+                transformFn=None, trainStep=None, onNonFiniteLoss='raise', strategy='allreduce',
+                strategyOptions={}, progress=True, checkpointEvery=1, checkpointEverySteps=0,
+                keepCheckpoints=3, maxRestarts=2, runId=None, watchdogTimeout=900.0)
 
     def setModel(self, value: Any) -> Any:
         """Sets model: torch.nn.Module, zero-argument factory returning one, or a name (mlp, cnn, package.module:factory)"""
@@ -565,6 +569,14 @@ class HasTorchEstimatorParams(HasTorchModelParams):
         """gradientClipValue: clamp each synchronized gradient element to [-v, v]"""
         return self.getOrDefault(self.gradientClipValue)
 
+    def setTransformFn(self, value: Any) -> Any:
+        """Sets transformFn: fn(batch) -> dict of tensors, run on every batch before the model sees it (on the ranks, in the reader's threads; on the driver; in TorchModel.transform): batch maps each column to a numpy array, object arrays of bytes/str for binary/string columns and a list of arrays for variable-length ones; what it does not return passes through. A preset names it as 'package.module:function'"""
+        return self._set(transformFn=value)
+
+    def getTransformFn(self) -> Any:
+        """transformFn: fn(batch) -> dict of tensors, run on every batch before the model sees it (on the ranks, in the reader's threads; on the driver; in TorchModel.transform): batch maps each column to a numpy array, object arrays of bytes/str for binary/string columns and a list of arrays for variable-length ones; what it does not return passes through. A preset names it as 'package.module:function'"""
+        return self.getOrDefault(self.transformFn)
+
     def setTrainStep(self, value: Any) -> Any:
         """Sets trainStep: fn(model, batch) -> scalar loss, replacing model(*features) and loss(output, label); batch is the dict column -> tensor; also computes val_loss"""
         return self._set(trainStep=value)
@@ -670,13 +682,13 @@ class TorchEstimatorBase(Estimator, HasTorchEstimatorParams):
             timeout: Any = None, lrScheduler: Any = None, lrSchedulerOptions: Any = {},
             lrSchedulerInterval: Any = 'epoch', precision: Any = '32',
             backwardPassesPerStep: Any = 1, gradientClipNorm: Any = None,
-            gradientClipValue: Any = None, trainStep: Any = None, onNonFiniteLoss: Any = 'raise',
-            strategy: Any = 'allreduce', strategyOptions: Any = {}, progress: Any = True,
-            checkpointEvery: Any = 1, checkpointEverySteps: Any = 0, keepCheckpoints: Any = 3,
-            maxRestarts: Any = 2, runId: Any = None, watchdogTimeout: Any = 900.0,
-            predictionCol: Any = 'prediction', probabilityCol: Any = 'probability',
-            rawPredictionCol: Any = 'rawPrediction', inferenceBatchSize: Any = 1024,
-            inferenceDevice: Any = 'auto') -> None:
+            gradientClipValue: Any = None, transformFn: Any = None, trainStep: Any = None,
+            onNonFiniteLoss: Any = 'raise', strategy: Any = 'allreduce', strategyOptions: Any = {},
+            progress: Any = True, checkpointEvery: Any = 1, checkpointEverySteps: Any = 0,
+            keepCheckpoints: Any = 3, maxRestarts: Any = 2, runId: Any = None,
+            watchdogTimeout: Any = 900.0, predictionCol: Any = 'prediction',
+            probabilityCol: Any = 'probability', rawPredictionCol: Any = 'rawPrediction',
+            inferenceBatchSize: Any = 1024, inferenceDevice: Any = 'auto') -> None:
         super().__init__()
         self._set(**self._input_kwargs)
 
@@ -693,12 +705,12 @@ class TorchEstimatorBase(Estimator, HasTorchEstimatorParams):
             timeout: Any = None, lrScheduler: Any = None, lrSchedulerOptions: Any = {},
             lrSchedulerInterval: Any = 'epoch', precision: Any = '32',
             backwardPassesPerStep: Any = 1, gradientClipNorm: Any = None,
-            gradientClipValue: Any = None, trainStep: Any = None, onNonFiniteLoss: Any = 'raise',
-            strategy: Any = 'allreduce', strategyOptions: Any = {}, progress: Any = True,
-            checkpointEvery: Any = 1, checkpointEverySteps: Any = 0, keepCheckpoints: Any = 3,
-            maxRestarts: Any = 2, runId: Any = None, watchdogTimeout: Any = 900.0,
-            predictionCol: Any = 'prediction', probabilityCol: Any = 'probability',
-            rawPredictionCol: Any = 'rawPrediction', inferenceBatchSize: Any = 1024,
-            inferenceDevice: Any = 'auto') -> Any:
+            gradientClipValue: Any = None, transformFn: Any = None, trainStep: Any = None,
+            onNonFiniteLoss: Any = 'raise', strategy: Any = 'allreduce', strategyOptions: Any = {},
+            progress: Any = True, checkpointEvery: Any = 1, checkpointEverySteps: Any = 0,
+            keepCheckpoints: Any = 3, maxRestarts: Any = 2, runId: Any = None,
+            watchdogTimeout: Any = 900.0, predictionCol: Any = 'prediction',
+            probabilityCol: Any = 'probability', rawPredictionCol: Any = 'rawPrediction',
+            inferenceBatchSize: Any = 1024, inferenceDevice: Any = 'auto') -> Any:
         """Sets the given Params; the others keep their values."""
         return self._set(**self._input_kwargs)

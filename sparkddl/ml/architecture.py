@@ -98,3 +98,30 @@ def rebuild(arch: dict[str, Any], pickled: Callable[[], bytes], where: str) -> A
             "TorchModel.load(path, trusted=True) / with sparkddl.ml.trusted_loading(): ...")
     from pyspark import cloudpickle
     return cloudpickle.loads(pickled())()
+
+
+def describe_function(fn: Any) -> dict[str, Any]:
+    """A transformFn as saved: by import (``{"kind": "import", "target"}``) when it can be,
+    else ``{"kind": "pickle"}``."""
+    target = importable_name(fn)
+    return {"kind": "import", "target": target} if target else {"kind": "pickle"}
+
+
+def rebuild_function(desc: dict[str, Any], pickled: Callable[[], bytes], where: str) -> Any:
+    """A saved transformFn: sparkddl's own by import; any other function runs code named or
+    pickled in the file, so it needs trusted loading (or the function given to load)."""
+    if desc["kind"] == "import" and str(desc["target"]).startswith("sparkddl."):
+        from sparkddl.models import import_target
+        return import_target(desc["target"])
+    if not is_trusted():
+        what = f"imports {desc['target']!r}" if desc["kind"] == "import" else \
+            "is pickled code"
+        raise SparkDDLError(
+            f"the model saved at {where} has a transformFn that {what}; loading it runs that "
+            "code. Pass the function (TorchModel.load(path, transformFn=fn)), or, for files "
+            "you trust, TorchModel.load(path, trusted=True)")
+    if desc["kind"] == "import":
+        from sparkddl.models import import_target
+        return import_target(desc["target"])
+    from pyspark import cloudpickle
+    return cloudpickle.loads(pickled())

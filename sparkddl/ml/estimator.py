@@ -71,6 +71,7 @@ class TorchEstimator(TorchEstimatorBase):
                                                            result.best_by)
         model.task, model.output_width = result.problem.kind, result.problem.output_width
         model.input_specs = result.problem.inputs
+        model._transform_fn = self.getOrDefault(self.transformFn)
         model.trained_on_gpu = bool(self.getOrDefault(self.useGpu))
         model.epochs_done, model.stopped_early = result.epochs_done, result.stopped_early
         model.steps_per_rank, model.fit_time_s = result.steps_per_rank, result.fit_time_s

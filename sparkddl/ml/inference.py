@@ -34,6 +34,7 @@ class ModelPayload:
     pickled_factory: bytes
     weights: bytes
     program: Any = None  # sparkddl.exported.Program: run it, no model code needed
+    transform: bytes = b""  # the pickled transformFn (the application's own), if any
 
     @property
     def key(self) -> str:
@@ -64,6 +65,24 @@ class ModelPayload:
                 _models.clear()  # keep one model per worker: the latest one used
                 _models[key] = exported_eval(module)
             return _models[key]
+
+
+def raw_column(series: Any) -> Any:
+    """A feature column as the transformFn saw it in training: numbers as float32 (arrays
+    of one length stacked), bytes/str and arrays of several lengths as object arrays."""
+    import numpy as np
+    values = series.to_numpy()
+    if values.dtype != object or not len(values):
+        return values.astype(np.float32)
+    if isinstance(values[0], (bytes, bytearray, str)):
+        return values
+    arrays = [np.asarray(v, dtype=np.float32) for v in values]
+    if len({a.shape for a in arrays}) == 1:
+        return np.stack(arrays)
+    out = np.empty(len(arrays), dtype=object)
+    for i, a in enumerate(arrays):
+        out[i] = a
+    return out
 
 
 def exported_eval(module: Any) -> Any:
@@ -133,25 +152,39 @@ def predict_batches(payload_bc: Any, features: list[str], kind: str, batch_rows:
     if ctx is not None:
         torch.set_num_threads(max(1, int(ctx.cpus())))
     try:
-        yield from _predict_frames(payload_bc.value.module(where), features, kind, batch_rows,
-                                   shapes, frames, where)
+        payload = payload_bc.value
+        transform = None
+        if payload.transform:
+            from pyspark import cloudpickle
+            transform = cloudpickle.loads(payload.transform)  # shipped by this application
+        yield from _predict_frames(payload.module(where), features, kind, batch_rows,
+                                   shapes, frames, where, transform)
     finally:
         torch.set_num_threads(saved)
 
 
 def _predict_frames(module: Any, features: list[str], kind: str, batch_rows: int,
                     shapes: dict[str, list[int]], frames: Iterator[Any],
-                    device: str = "cpu") -> Iterator[Any]:
-    """Batches of ``batch_rows`` through the model; on CUDA each batch is copied from pinned
-    memory without blocking, and the outputs come back once per frame."""
+                    device: str = "cpu", transform: Any = None) -> Iterator[Any]:
+    """Batches of ``batch_rows`` through the transformFn (if any) and the model; on CUDA
+    each batch is copied from pinned memory without blocking, and the outputs come back
+    once per frame."""
     import torch
     cuda = device.startswith("cuda")
     for frame in frames:
-        inputs = [column(frame[f], shapes.get(f)) for f in features]
+        inputs = [raw_column(frame[f]) if transform is not None else
+                  column(frame[f], shapes.get(f)) for f in features]
         results = []
         with torch.no_grad():
             for start in range(0, len(frame), batch_rows):
-                batch = [torch.from_numpy(x[start:start + batch_rows]) for x in inputs]
+                if transform is not None:
+                    from sparkddl.data.transform import apply
+                    out = apply(transform, {f: x[start:start + batch_rows]
+                                            for f, x in zip(features, inputs)},
+                                f"TorchModel.transform, rows {start}+ of a batch")
+                    batch = [out[f].float() for f in features]
+                else:
+                    batch = [torch.from_numpy(x[start:start + batch_rows]) for x in inputs]
                 if cuda:
                     batch = [t.pin_memory().to(device, non_blocking=True) for t in batch]
                 results.append(module(*batch).float())

@@ -60,6 +60,7 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
         self._export_tried = False
         self.trained_on_gpu = False  # inferenceDevice="auto" runs transform on CUDA if so
         self.mlflow_model_uri: str | None = None  # where the fit logged it to MLflow, if it did
+        self._transform_fn: Any = None  # the fit's transformFn: runs before the forward pass
 
     # ---- the model itself ----
     def module(self) -> Any:
@@ -118,6 +119,9 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
                 col = vector_to_array(col, "float32")
             elif types.get(name) == "ArrayType":
                 col = col.cast("array<float>")
+            elif types.get(name) in ("BinaryType", "StringType") and \
+                    self._transform_fn is not None:
+                pass  # as they are: the transformFn reads them
             else:
                 col = col.cast("float")
             inputs.append(col.alias(name))
@@ -125,9 +129,10 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
         # Spark Connect has no broadcasts: the weights travel inside the UDF itself
         payload = (Inline(self._payload()) if is_connect(session)
                    else session.sparkContext.broadcast(self._payload()))
+        shapes = {} if self._transform_fn is not None else \
+            {k: list(v) for k, v in self.getOrDefault(self.featureShapes).items()}
         fn = udf_function(payload, features, self.task,
-                          self.getOrDefault(self.inferenceBatchSize),
-                          {k: list(v) for k, v in self.getOrDefault(self.featureShapes).items()},
+                          self.getOrDefault(self.inferenceBatchSize), shapes,
                           self.getOrDefault(self.inferenceDevice), self.trained_on_gpu)
         udf = pandas_udf(fn, returnType=self._output_schema())  # type: ignore[call-overload]
         tmp = "__sparkddl_out"
@@ -151,10 +156,11 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
         buf = io.BytesIO()
         torch.save(self._state, buf)
         program = self.program()
+        transform = cloudpickle.dumps(self._transform_fn) if self._transform_fn else b""
         if program is not None:  # executors need no model code
-            return ModelPayload({"kind": "exported"}, b"", buf.getvalue(), program)
+            return ModelPayload({"kind": "exported"}, b"", buf.getvalue(), program, transform)
         pickled = cloudpickle.dumps(self._factory) if self._arch["kind"] == "pickle" else b""
-        return ModelPayload(self._arch, pickled, buf.getvalue())
+        return ModelPayload(self._arch, pickled, buf.getvalue(), None, transform)
 
     # ---- persistence ----
     def write(self) -> MLWriter:
@@ -165,7 +171,8 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
         return _TorchModelReader()
 
     @classmethod
-    def load(cls, path: str, model: Any = None, trusted: bool = False) -> "TorchModel":
+    def load(cls, path: str, model: Any = None, trusted: bool = False,
+             transformFn: Any = None) -> "TorchModel":  # noqa: N803 - the Param's name
         """Load a saved model. Weights are read with ``torch.load(weights_only=True)``.
 
         ``model``: a module to load the weights into (no code is unpickled). Without it, the
@@ -173,9 +180,10 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
         then that program, a torch.fx GraphModule); otherwise a model saved from a built-in or
         importable factory is rebuilt by import, and one defined in a notebook or script needs
         ``trusted=True`` (or ``with trusted_loading():``), since unpickling its architecture
-        runs code.
+        runs code. A model fitted with a transformFn needs it back: ``transformFn=fn``, or
+        trusted loading when it is not one of sparkddl's own.
         """
-        reader = _TorchModelReader(model=model)
+        reader = _TorchModelReader(model=model, transform=transformFn)
         if trusted:
             with architecture.trusted_loading():
                 return reader.load(path)
@@ -227,7 +235,9 @@ class _TorchModelWriter(MLWriter):
                  "epochs_done": m.epochs_done, "stopped_early": m.stopped_early,
                  "inputs": [s.to_json() for s in m.input_specs],
                  "program": {"parameters": list(program.parameters)} if program else None,
-                 "export_error": m.export_error, "trained_on_gpu": m.trained_on_gpu}
+                 "export_error": m.export_error, "trained_on_gpu": m.trained_on_gpu,
+                 "transform": architecture.describe_function(m._transform_fn)
+                 if m._transform_fn is not None else None}
         DefaultParamsWriter.saveMetadata(m, path, self.sparkSession, extraMetadata=extra)
         store = _qualified(self.sparkSession, path)
         buf = io.BytesIO()
@@ -238,12 +248,14 @@ class _TorchModelWriter(MLWriter):
             exported.write(store, program)
         if m._arch["kind"] == "pickle" and m._factory is not None:
             store.write_bytes(store.url("architecture.pkl"), cloudpickle.dumps(m._factory))
+        if extra["transform"] is not None and extra["transform"]["kind"] == "pickle":
+            store.write_bytes(store.url("transform.pkl"), cloudpickle.dumps(m._transform_fn))
 
 
 class _TorchModelReader(MLReader):
-    def __init__(self, model: Any = None):
+    def __init__(self, model: Any = None, transform: Any = None):
         super().__init__()
-        self.model = model
+        self.model, self.transform = model, transform
 
     def load(self, path: str) -> TorchModel:
         import torch
@@ -280,6 +292,12 @@ class _TorchModelReader(MLReader):
                                     f"{m.export_error}") from exc
             m._factory = model_factory(module)
         m._build().load_state_dict(m._state)  # fails here, clearly, if they do not fit
+        saved_transform = meta.get("transform")
+        if self.transform is not None:
+            m._transform_fn = self.transform
+        elif saved_transform is not None:
+            m._transform_fn = architecture.rebuild_function(
+                saved_transform, lambda: store.read_bytes(store.url("transform.pkl")), path)
         m.history = json.loads(store.read_bytes(store.url("history.json")))
         for key in ("task", "output_width", "run_id", "chosen_epoch", "best_by", "epochs_done",
                     "stopped_early"):
