@@ -293,6 +293,32 @@ def test_sign_bits_pack_eight_to_a_byte():
     assert pack_bits(torch.tensor([True] + [False] * 7)).tolist() == [128]
 
 
+def test_fast_top_k_finds_the_same_entries_as_topk():
+    from sparkddl.strategies.compression import SAMPLE, top_k_indices
+    torch.manual_seed(0)
+    for n, k in ((5 * SAMPLE, 1), (5 * SAMPLE, 3277), (1_000_000, 10_000), (100, 7)):
+        magnitude = torch.randn(n).abs()
+        got = top_k_indices(magnitude, k)
+        assert got.numel() == k and got.unique().numel() == k
+        want = magnitude.topk(k).values
+        assert torch.equal(magnitude[got].sort(descending=True).values, want)
+    # a bucket where the sample misjudges (one huge spike among many equal values): still k
+    skewed = torch.ones(5 * SAMPLE)
+    skewed[123] = 1e9
+    got = top_k_indices(skewed, 5)
+    assert got.numel() == 5 and 123 in got.tolist()
+
+
+def test_signed_mean_from_packed_bytes_matches_unpacking_every_bit():
+    from sparkddl.strategies.compression import signed_mean
+    n = 1001  # not a multiple of 8: the last byte is padded
+    masks = torch.rand(3, n) > 0.5
+    packed = torch.stack([pack_bits(m) for m in masks])
+    scales = torch.tensor([[0.5], [0.25], [2.0]])
+    want = torch.where(masks, scales, -scales).sum(0) / 3
+    assert torch.allclose(signed_mean(packed, scales, n), want, atol=1e-6)
+
+
 # ---- bytes per epoch ----
 
 def _epoch_bytes(runs: list, label: str, epoch: int = 1) -> int:
