@@ -39,9 +39,10 @@ class InputSpec:
 
 
 def input_specs(sample: dict[str, Any], features: Iterable[str]) -> tuple[InputSpec, ...]:
-    """The model's inputs, shaped as a sample of the training data feeds them; float32, as
-    TorchModel.transform feeds them."""
-    return tuple(InputSpec(f, tuple(int(d) for d in sample[f].shape[1:]), "float32")
+    """The model's inputs, shaped and typed as a sample of the training data feeds them
+    (float32 features, or what a transformFn made of them)."""
+    return tuple(InputSpec(f, tuple(int(d) for d in sample[f].shape[1:]),
+                           str(getattr(sample[f], "dtype", "float32")))
                  for f in features)
 
 

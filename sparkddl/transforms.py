@@ -11,7 +11,8 @@ import numpy as np
 
 def decode_images(batch: dict[str, Any]) -> dict[str, Any]:
     """Every column of encoded images (bytes: PNG, JPEG, anything Pillow reads) as float32
-    ``[B, C, H, W]`` in [0, 1] (grayscale: C = 1; colour: C = 3, alpha dropped). Other
+    ``[B, C, H, W]`` in [0, 1] (grayscale: C = 1; colour and palette: C = 3, alpha dropped;
+    16-bit grey keeps its high byte). Other
     columns pass through. A batch of 8-bit PNGs of one size is decoded by
     :func:`decode_png_batch` (zlib per image, the row filters undone with numpy across the
     whole batch); anything else by Pillow, one image at a time."""
@@ -34,7 +35,13 @@ def _decode_with_pillow(values: Any) -> np.ndarray:
     images = []
     for data in values:
         with Image.open(BytesIO(data)) as image:
-            if image.mode not in ("L", "RGB"):
+            if image.mode.startswith("I"):  # 16/32-bit grey: the high byte, not a clip
+                wide = np.asarray(image).astype(np.int64)
+                images.append(np.clip(wide >> 8, 0, 255).astype(np.uint8))
+                continue
+            if image.mode == "P":  # a palette may hold colours: as RGB
+                image = image.convert("RGB")
+            elif image.mode not in ("L", "RGB"):
                 image = image.convert("RGB" if len(image.getbands()) >= 3 else "L")
             images.append(np.asarray(image, dtype=np.uint8))
     stacked = np.stack(images)
@@ -62,6 +69,11 @@ def decode_png_batch(values: Any) -> np.ndarray | None:
         while pos + 8 <= len(data):
             length, kind = struct.unpack(">I4s", data[pos:pos + 8])
             body = data[pos + 8:pos + 8 + length]
+            if kind in (b"IHDR", b"IDAT"):  # what is decoded must be what was written
+                crc = data[pos + 8 + length:pos + 12 + length]
+                if len(body) != length or len(crc) != 4 or \
+                        struct.unpack(">I", crc)[0] != zlib.crc32(kind + body) & 0xFFFFFFFF:
+                    return None
             if kind == b"IHDR":
                 ihdr = body[:13]
             elif kind == b"IDAT":
@@ -72,13 +84,17 @@ def decode_png_batch(values: Any) -> np.ndarray | None:
         if ihdr is None or (header is not None and ihdr != header):
             return None
         header = ihdr
-        width, height, depth, colour, _, _, interlace = struct.unpack(">IIBBBBB", ihdr)
-        if depth != 8 or interlace or colour not in _CHANNELS:
+        width, height, depth, colour, method, filtering, interlace = struct.unpack(
+            ">IIBBBBB", ihdr)
+        if depth != 8 or interlace or method or filtering or colour not in _CHANNELS:
             return None
         try:
-            streams.append(zlib.decompress(b"".join(idat)))
+            stream = zlib.decompress(b"".join(idat))
         except zlib.error:
             return None
+        if len(stream) != height * (width * _CHANNELS[colour] + 1):
+            return None  # each image whole: a short one must not shift the next
+        streams.append(stream)
     assert header is not None
     width, height, _, colour, _, _, _ = struct.unpack(">IIBBBBB", header)
     bpp = _CHANNELS[colour]
@@ -87,6 +103,8 @@ def decode_png_batch(values: Any) -> np.ndarray | None:
     if raw.size != len(values) * height * (stride + 1):
         return None
     raw = raw.reshape(len(values), height, stride + 1)
+    if (raw[:, :, 0] > 4).any():  # not a PNG filter: Pillow refuses the file, so do we
+        return None
     out = _unfilter(raw[:, :, 0], raw[:, :, 1:], bpp)
     out = out.reshape(len(values), height, width, bpp)[..., :_KEEP[colour]]
     return np.ascontiguousarray(out.transpose(0, 3, 1, 2))

@@ -49,7 +49,11 @@ def decode_arrow(col: ColumnSpec, values: Any) -> np.ndarray:
 def decode_varlist(col: ColumnSpec, arr: Any) -> np.ndarray:
     """Arrays of varying length -> an object array of 1-D ``col.dtype`` arrays, views of one
     flat buffer."""
-    flat = arr.flatten().to_numpy(zero_copy_only=False).astype(col.dtype, copy=False)
+    values = arr.flatten()
+    if values.null_count:
+        raise DataError(f"column {col.name!r} has {values.null_count} null elements inside its "
+                        "arrays in a row group; fill or drop them first")
+    flat = values.to_numpy(zero_copy_only=False).astype(col.dtype, copy=False)
     offsets = _raw_offsets(arr) if not _is_fixed(arr) else \
         np.arange(len(arr) + 1) * arr.type.list_size
     offsets = offsets - offsets[0]

@@ -13,6 +13,8 @@ rows are skipped each time; none is seen twice within an epoch.
 """
 from __future__ import annotations
 
+from urllib.parse import urlparse
+
 import logging
 import posixpath
 from dataclasses import dataclass
@@ -124,11 +126,12 @@ def sub_shard(plan: ShardPlan, rank: int, part: int, parts: int) -> tuple[int, i
     return rank + plan.world * part, plan.world * parts
 
 
-PETASTORM_SCHEMES = ("file", "hdfs", "s3", "s3a", "dbfs")  # Petastorm's own resolver
+# what Petastorm opens itself (dbfs:/ only through the mount, which the Store gives as file://)
+PETASTORM_SCHEMES = ("file", "hdfs", "s3", "s3a")
 
 
 def resolve_reader(choice: str, where: str = "driver", rows_selected: bool = False,
-                   url: str = "") -> str:
+                   url: str = "", raw_in_place: bool = False) -> str:
     """The reader ``choice`` means in this Python process: "petastorm" or "arrow".
 
     "auto" takes Petastorm where it loads, else the Arrow reader; an explicit "petastorm"
@@ -148,7 +151,15 @@ def resolve_reader(choice: str, where: str = "driver", rows_selected: bool = Fal
                 "selected inside row groups); use reader='auto' or 'arrow', or validation=None")
         return _chosen("arrow", "reader='auto' and the table read in place is split inside "
                        "its row groups, which the Arrow reader does", where)
-    scheme = url.split("://", 1)[0] if "://" in url else "file"
+    scheme = urlparse(url).scheme or "file"
+    if raw_in_place:  # another writer's binary/string/list types: Petastorm drops some
+        if choice == "petastorm":
+            raise ConfigError("reader='petastorm' cannot read binary, string or ragged columns "
+                              "of a table read in place (it ignores large_binary/"
+                              "large_string); use reader='auto' or 'arrow'")
+        return _chosen("arrow", "reader='auto' and the table read in place has binary, string "
+                       "or ragged columns, which the Arrow reader reads whatever their type",
+                       where)
     if scheme not in PETASTORM_SCHEMES:
         if choice == "petastorm":
             raise ConfigError(f"reader='petastorm' cannot read {scheme}:// (Petastorm opens "
@@ -204,7 +215,8 @@ def plan_shards(url: str, columns: tuple[ColumnSpec, ...], row_group_rows: list[
     row groups) and the common number of steps per epoch. ``options`` are the reader
     fields of :class:`ShardPlan`; its ``reader`` choice is checked here, on the driver."""
     resolve_reader(options.get("reader", "auto"),
-                   rows_selected=options.get("selection") is not None, url=url)
+                   rows_selected=options.get("selection") is not None, url=url,
+                   raw_in_place=bool(options.get("files")) and any(c.raw for c in columns))
     total = sum(row_group_rows)
     check_enough_rows(total, world, batch_size)
     by_group = shard_rows(row_group_rows, world)

@@ -104,7 +104,9 @@ def fit_inputs(df: Any, model: Any, optimizer: Any, loss: Any, config: TrainConf
     data = prepare_data(df, config, store, config.num_workers)
     sample, transform_shapes = sample_through_transform(read_rows(data.train, limit=8), config)
     check_finite(sample, config.features, config.on_non_finite_loss)
-    problem = check_sample(module, step_fn, sample, data.label_range(config.labels[0]))
+    problem = check_sample(module, step_fn, sample, data.label_range(config.labels[0])
+                           if config.labels[0] not in {k for k, _, _ in transform_shapes}
+                           else (None, None))  # a label the transform rewrites: its own
     problem = dataclasses.replace(problem, inputs=input_specs(sample, config.features))
     default = ["accuracy"] if problem.kind.is_classifier and config.train_step is None else []
     metrics = resolve_metrics(config.metrics if config.metrics is not None else default,

@@ -110,9 +110,12 @@ def describe_function(fn: Any) -> dict[str, Any]:
 def rebuild_function(desc: dict[str, Any], pickled: Callable[[], bytes], where: str) -> Any:
     """A saved transformFn: sparkddl's own by import; any other function runs code named or
     pickled in the file, so it needs trusted loading (or the function given to load)."""
-    if desc["kind"] == "import" and str(desc["target"]).startswith("sparkddl."):
-        from sparkddl.models import import_target
-        return import_target(desc["target"])
+    module, _, attr = str(desc["target"]).partition(":")
+    if desc["kind"] == "import" and module == "sparkddl.transforms" and attr.isidentifier():
+        import sparkddl.transforms as transforms
+        fn = getattr(transforms, attr, None)
+        if callable(fn) and getattr(fn, "__module__", "") == "sparkddl.transforms":
+            return fn  # a function of sparkddl.transforms itself, nothing reached through it
     if not is_trusted():
         what = f"imports {desc['target']!r}" if desc["kind"] == "import" else \
             "is pickled code"

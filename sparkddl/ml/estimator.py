@@ -72,6 +72,8 @@ class TorchEstimator(TorchEstimatorBase):
         model.task, model.output_width = result.problem.kind, result.problem.output_width
         model.input_specs = result.problem.inputs
         model._transform_fn = self.getOrDefault(self.transformFn)
+        model._input_columns = {c.name: c.to_json() for c in result.data.train.columns
+                                if c.role == "feature"}
         model.trained_on_gpu = bool(self.getOrDefault(self.useGpu))
         model.epochs_done, model.stopped_early = result.epochs_done, result.stopped_early
         model.steps_per_rank, model.fit_time_s = result.steps_per_rank, result.fit_time_s

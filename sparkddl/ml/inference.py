@@ -35,6 +35,8 @@ class ModelPayload:
     weights: bytes
     program: Any = None  # sparkddl.exported.Program: run it, no model code needed
     transform: bytes = b""  # the pickled transformFn (the application's own), if any
+    # feature column -> how training decoded it (ColumnSpec JSON), for the transformFn's input
+    columns: Any = None
 
     @property
     def key(self) -> str:
@@ -67,22 +69,31 @@ class ModelPayload:
             return _models[key]
 
 
-def raw_column(series: Any) -> Any:
-    """A feature column as the transformFn saw it in training: numbers as float32 (arrays
-    of one length stacked), bytes/str and arrays of several lengths as object arrays."""
+def raw_column(series: Any, spec: dict[str, Any] | None = None) -> Any:
+    """A feature column as the transformFn saw it in training (``spec``: the column as
+    training decoded it): bytes/str as object arrays, ragged arrays as an object array of
+    arrays of their dtype, fixed-length arrays as float32 ``[n, *shape]``, numbers float32."""
     import numpy as np
     values = series.to_numpy()
-    if values.dtype != object or not len(values):
-        return values.astype(np.float32)
-    if isinstance(values[0], (bytes, bytearray, str)):
+    encoding = (spec or {}).get("encoding")
+    if encoding in ("binary", "string"):
         return values
-    arrays = [np.asarray(v, dtype=np.float32) for v in values]
-    if len({a.shape for a in arrays}) == 1:
-        return np.stack(arrays)
-    out = np.empty(len(arrays), dtype=object)
-    for i, a in enumerate(arrays):
-        out[i] = a
-    return out
+    if encoding == "varlist" or (encoding is None and values.dtype == object and len(values)
+                                 and not isinstance(values[0], (bytes, bytearray, str))
+                                 and len({np.shape(v) for v in values}) > 1):
+        dtype = (spec or {}).get("dtype", "float32")
+        out = np.empty(len(values), dtype=object)
+        for i, v in enumerate(values):
+            out[i] = np.asarray(v, dtype=dtype)
+        return out
+    if values.dtype == object and len(values) and isinstance(values[0], (bytes, bytearray, str)):
+        return values
+    if values.dtype == object:
+        values = np.stack([np.asarray(v) for v in values]) if len(values) else \
+            np.zeros((0, 1))
+    shape = tuple((spec or {}).get("shape") or ())
+    arr = np.ascontiguousarray(values, dtype=np.float32)
+    return arr.reshape((len(arr), *shape)) if shape else arr
 
 
 def exported_eval(module: Any) -> Any:
@@ -158,21 +169,22 @@ def predict_batches(payload_bc: Any, features: list[str], kind: str, batch_rows:
             from pyspark import cloudpickle
             transform = cloudpickle.loads(payload.transform)  # shipped by this application
         yield from _predict_frames(payload.module(where), features, kind, batch_rows,
-                                   shapes, frames, where, transform)
+                                   shapes, frames, where, transform, payload.columns)
     finally:
         torch.set_num_threads(saved)
 
 
 def _predict_frames(module: Any, features: list[str], kind: str, batch_rows: int,
                     shapes: dict[str, list[int]], frames: Iterator[Any],
-                    device: str = "cpu", transform: Any = None) -> Iterator[Any]:
+                    device: str = "cpu", transform: Any = None,
+                    columns: dict[str, Any] | None = None) -> Iterator[Any]:
     """Batches of ``batch_rows`` through the transformFn (if any) and the model; on CUDA
     each batch is copied from pinned memory without blocking, and the outputs come back
     once per frame."""
     import torch
     cuda = device.startswith("cuda")
     for frame in frames:
-        inputs = [raw_column(frame[f]) if transform is not None else
+        inputs = [raw_column(frame[f], (columns or {}).get(f)) if transform is not None else
                   column(frame[f], shapes.get(f)) for f in features]
         results = []
         with torch.no_grad():
@@ -182,7 +194,7 @@ def _predict_frames(module: Any, features: list[str], kind: str, batch_rows: int
                     out = apply(transform, {f: x[start:start + batch_rows]
                                             for f, x in zip(features, inputs)},
                                 f"TorchModel.transform, rows {start}+ of a batch")
-                    batch = [out[f].float() for f in features]
+                    batch = [out[f] for f in features]  # as in training: its dtypes
                 else:
                     batch = [torch.from_numpy(x[start:start + batch_rows]) for x in inputs]
                 if cuda:

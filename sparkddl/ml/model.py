@@ -61,6 +61,7 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
         self.trained_on_gpu = False  # inferenceDevice="auto" runs transform on CUDA if so
         self.mlflow_model_uri: str | None = None  # where the fit logged it to MLflow, if it did
         self._transform_fn: Any = None  # the fit's transformFn: runs before the forward pass
+        self._input_columns: dict[str, Any] = {}  # feature -> ColumnSpec JSON, as trained
 
     # ---- the model itself ----
     def module(self) -> Any:
@@ -117,6 +118,9 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
             col = F.col(f"`{name}`")
             if types.get(name) == "VectorUDT":
                 col = vector_to_array(col, "float32")
+            elif types.get(name) == "ArrayType" and self._transform_fn is not None and \
+                    self._input_columns.get(name, {}).get("dtype") == "int64":
+                col = col.cast("array<bigint>")  # ragged integers stay integers
             elif types.get(name) == "ArrayType":
                 col = col.cast("array<float>")
             elif types.get(name) in ("BinaryType", "StringType") and \
@@ -157,10 +161,12 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
         torch.save(self._state, buf)
         program = self.program()
         transform = cloudpickle.dumps(self._transform_fn) if self._transform_fn else b""
+        columns = dict(self._input_columns) or None
         if program is not None:  # executors need no model code
-            return ModelPayload({"kind": "exported"}, b"", buf.getvalue(), program, transform)
+            return ModelPayload({"kind": "exported"}, b"", buf.getvalue(), program, transform,
+                                columns)
         pickled = cloudpickle.dumps(self._factory) if self._arch["kind"] == "pickle" else b""
-        return ModelPayload(self._arch, pickled, buf.getvalue(), None, transform)
+        return ModelPayload(self._arch, pickled, buf.getvalue(), None, transform, columns)
 
     # ---- persistence ----
     def write(self) -> MLWriter:
@@ -237,7 +243,8 @@ class _TorchModelWriter(MLWriter):
                  "program": {"parameters": list(program.parameters)} if program else None,
                  "export_error": m.export_error, "trained_on_gpu": m.trained_on_gpu,
                  "transform": architecture.describe_function(m._transform_fn)
-                 if m._transform_fn is not None else None}
+                 if m._transform_fn is not None else None,
+                 "input_columns": m._input_columns}
         DefaultParamsWriter.saveMetadata(m, path, self.sparkSession, extraMetadata=extra)
         store = _qualified(self.sparkSession, path)
         buf = io.BytesIO()
@@ -292,6 +299,7 @@ class _TorchModelReader(MLReader):
                                     f"{m.export_error}") from exc
             m._factory = model_factory(module)
         m._build().load_state_dict(m._state)  # fails here, clearly, if they do not fit
+        m._input_columns = dict(meta.get("input_columns") or {})
         saved_transform = meta.get("transform")
         if self.transform is not None:
             m._transform_fn = self.transform

@@ -228,19 +228,23 @@ def _make_filesystem(store: Store) -> Any:
 def _fsspec_filesystem(root: str) -> Any:
     """The fsspec filesystem of a store root; a StoreError names the package a scheme needs."""
     import fsspec
+    from fsspec.registry import known_implementations, registry
     scheme = root.split(":", 1)[0]
-    options: dict[str, Any] = {}
-    if scheme == "dbfs":
-        options = {"instance": urlparse(os.environ["DATABRICKS_HOST"]).netloc or
-                   os.environ["DATABRICKS_HOST"], "token": os.environ["DATABRICKS_TOKEN"]}
+    known = scheme in registry or scheme in known_implementations
     try:
-        return fsspec.filesystem(scheme, **options)
-    except (ImportError, ValueError) as exc:  # ValueError: a scheme nothing registered yet
-        package = PACKAGES.get(scheme)
-        if package is None and not isinstance(exc, ImportError):
-            raise StoreError(f"cannot open store {root}: {exc}") from exc
-        hint = f"pip install {package}" if package else str(exc)
+        if scheme == "dbfs":
+            return fsspec.filesystem("dbfs", instance=urlparse(
+                os.environ["DATABRICKS_HOST"]).netloc or os.environ["DATABRICKS_HOST"],
+                token=os.environ["DATABRICKS_TOKEN"])
+        # the URL's own options too (an abfss:// URL names its storage account)
+        return fsspec.core.url_to_fs(root)[0]
+    except ImportError as exc:
+        hint = f"pip install {PACKAGES[scheme]}" if scheme in PACKAGES else str(exc)
         raise StoreError(f"store {root}: the {scheme}:// filesystem's package is not installed "
                          f"({hint}); install it on the driver and the executors") from exc
     except Exception as exc:
+        if not known and scheme in PACKAGES:  # registered only once its package is installed
+            raise StoreError(f"store {root}: the {scheme}:// filesystem's package is not "
+                             f"installed (pip install {PACKAGES[scheme]}); install it on the "
+                             "driver and the executors") from exc
         raise StoreError(f"cannot open store {root}: {type(exc).__name__}: {exc}") from exc

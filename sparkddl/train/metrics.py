@@ -108,6 +108,9 @@ def exact_metric(name: str, kind: str, num_classes: int) -> ExactMetric:
         raise ConfigError(f"metric {name!r} is for {'classifiers' if for_classifiers else 'regression'}"
                           f", but this model is a {kind} model; choose among "
                           f"{', '.join(k for k, v in EXACT.items() if v[1] == classifier)}")
+    if not classifier and num_classes > 1:
+        raise ConfigError(f"metric {name!r} is computed over one output per row, and this model "
+                          f"has {num_classes}; use mse/mae or a callable for several outputs")
     if average and not averaged:
         raise ConfigError(f"metric {base!r} takes no average; use {base!r}")
     try:

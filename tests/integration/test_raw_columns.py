@@ -101,12 +101,26 @@ def test_png_and_ragged_arrays_in_a_parquet_table_are_read_in_place(spark_local,
 
 
 def tokens(batch):
-    """Each text as token counts over a fixed vocabulary (a bag of words)."""
-    out = np.zeros((len(batch["text"]), len(VOCAB)), dtype=np.float32)
+    """Each text as 6 token ids of a fixed vocabulary (int64, 0 pads and unknown words)."""
+    out = np.zeros((len(batch["text"]), 6), dtype=np.int64)
     for i, text in enumerate(batch["text"]):
-        for word in text.lower().split():
-            out[i, VOCAB.get(word, 0)] += 1.0
+        ids = [VOCAB.get(word, 0) for word in text.lower().split()][:6]
+        out[i, :len(ids)] = ids
     return {"text": out}
+
+
+class Bag(torch.nn.Module):
+    """Token ids -> the mean of their embeddings -> classes."""
+
+    def __init__(self):
+        super().__init__()
+        with torch.random.fork_rng():
+            torch.manual_seed(0)
+            self.embed = torch.nn.Embedding(len(VOCAB), 16)
+            self.out = torch.nn.Linear(16, 10)
+
+    def forward(self, ids):
+        return self.out(self.embed(ids).mean(1))
 
 
 @pytest.mark.timeout(300)
@@ -119,7 +133,10 @@ def test_a_text_column_tokenized_in_the_transform(spark_local, tmp_path):
         rows.append((" ".join([*noise[:2], WORDS[label], noise[2]]), label, i % 5))
     df = spark_local.createDataFrame(rows, "text string, label int, split int")
     train, test = df.filter("split != 0"), df.filter("split = 0")
-    model = estimator(tmp_path / "st", mlp(len(VOCAB)), "text", tokens, epochs=6).fit(train)
+    model = estimator(tmp_path / "st", Bag(), "text", tokens, epochs=8,
+                      optimizer=lambda p: torch.optim.Adam(p, lr=1e-2)).fit(train)
+    # token ids stay int64 from the transform to the embedding, in training and in transform
+    assert [(s.shape, s.dtype) for s in model.input_specs] == [((6,), "int64")]
     assert accuracy(model, test) >= 0.9
     # a function of the application's is saved by name (a notebook's, pickled): loading it
     # runs code, so it needs trust, or the function given back
@@ -127,8 +144,9 @@ def test_a_text_column_tokenized_in_the_transform(spark_local, tmp_path):
     with pytest.raises(SparkDDLError, match="has a transformFn that imports "
                                             "'tests.integration.test_raw_columns:tokens'"):
         TorchModel.load(str(tmp_path / "model"))
-    assert accuracy(TorchModel.load(str(tmp_path / "model"), transformFn=tokens), test) == \
-        accuracy(model, test)
+    again = TorchModel.load(str(tmp_path / "model"), transformFn=tokens)
+    assert again.program() is not None  # exported with its int64 input
+    assert accuracy(again, test) == accuracy(model, test)
 
 
 def pad(batch):

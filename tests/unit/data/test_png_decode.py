@@ -81,3 +81,36 @@ def test_what_the_batch_decoder_does_not_take_goes_to_pillow():
                          "label": np.array([1, 2])})
     assert set(out) == {"img"} and out["img"].shape == (2, 3, 8, 8)
     assert out["img"].dtype == np.float32 and 0 <= out["img"].min() <= out["img"].max() <= 1
+
+
+def test_damaged_or_unusual_pngs_fall_back_or_decode_right():
+    rng = np.random.default_rng(1)
+    pixels = [rng.integers(0, 256, (4, 4, 1), dtype=np.uint8) for _ in range(2)]
+    good = [encode(p, [0, 1, 2, 4]) for p in pixels]
+    # a filter byte that is no PNG filter (5): the batch decoder refuses, as Pillow does
+    bad_filter = bytearray(good[0])
+    body_at = bad_filter.index(b"IDAT") + 4
+    length = struct.unpack(">I", bad_filter[body_at - 8:body_at - 4])[0]
+    raw = bytearray(zlib.decompress(bytes(bad_filter[body_at:body_at + length])))
+    raw[0] = 5
+    patched = encode(pixels[0], [0, 1, 2, 4])[:body_at - 8] + _chunk(b"IDAT", zlib.compress(
+        bytes(raw))) + _chunk(b"IEND", b"")
+    assert decode_png_batch(np.array([patched, good[1]], dtype=object)) is None
+    # one image a row short and the next a row long: refused, not shifted
+    short = encode(pixels[0][:3], [0, 0, 0])
+    assert decode_png_batch(np.array([short, good[1]], dtype=object)) is None
+    # a corrupted IDAT (its CRC no longer matches): refused
+    corrupt = bytearray(good[0])
+    corrupt[body_at + 2] ^= 0xFF
+    assert decode_png_batch(np.array([bytes(corrupt)], dtype=object)) is None
+    # palette colours come out as RGB, 16-bit grey keeps its high byte
+    colours = rng.integers(0, 256, (4, 4, 3), dtype=np.uint8)
+    buf = io.BytesIO()
+    PIL.fromarray(colours, "RGB").convert("P", palette=PIL.Palette.ADAPTIVE).save(buf, "PNG")
+    out = _decode_with_pillow(np.array([buf.getvalue()], dtype=object))
+    assert out.shape == (1, 3, 4, 4)
+    grey16 = (rng.integers(0, 65536, (3, 3))).astype(np.uint16)
+    buf = io.BytesIO()
+    PIL.fromarray(grey16).save(buf, "PNG")  # mode I;16
+    out = _decode_with_pillow(np.array([buf.getvalue()], dtype=object))
+    assert np.array_equal(out[0, 0], (grey16 >> 8).astype(np.uint8))

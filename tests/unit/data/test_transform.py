@@ -95,3 +95,35 @@ def test_raw_columns_need_a_transform_and_are_stored_and_read_as_they_are():
     assert img.tolist() == [b"\x89PNG", b"xy"] and text.tolist() == ["one two", "three"]
     assert [s.tolist() for s in seq] == [[1.0], [2.0, 3.0, 4.0]] and seq[1].dtype == np.float32
     assert ColumnSpec("img", "feature", "binary", "object").raw
+
+
+def test_review_fixes_null_elements_reader_choice_and_saved_functions():
+    from sparkddl.data.plan import resolve_reader
+    from sparkddl.errors import ConfigError, SparkDDLError
+    from sparkddl.ml.architecture import rebuild_function
+    from sparkddl.ml.inference import raw_column
+    from sparkddl.transforms import decode_images
+    ragged = pa.array([[1, 2, None], [4]], pa.list_(pa.int64()))
+    with pytest.raises(DataError, match="1 null elements inside its arrays"):
+        decode_arrow(ColumnSpec("seq", "feature", "varlist", "int64"), ragged)
+    # dbfs:/ without the mount and raw columns of a table read in place: the Arrow reader
+    assert resolve_reader("auto", url="dbfs:/ml/data") == "arrow"
+    assert resolve_reader("auto", url="file:///x", raw_in_place=True) == "arrow"
+    with pytest.raises(ConfigError, match="petastorm' cannot read binary, string or ragged"):
+        resolve_reader("petastorm", url="file:///x", raw_in_place=True)
+    # a saved transform is sparkddl.transforms' own function or needs trust: nothing else is
+    # reached through a sparkddl module without it
+    assert rebuild_function({"kind": "import", "target": "sparkddl.transforms:decode_images"},
+                            lambda: b"", "here") is decode_images
+    for target in ("sparkddl.store.store:os.system", "sparkddl.transforms:np.save",
+                   "sparkddl.standalone:subprocess.check_call"):
+        with pytest.raises(SparkDDLError, match="loading it runs that code"):
+            rebuild_function({"kind": "import", "target": target}, lambda: b"", "here")
+    # transform's input at inference is decoded as in training: featureShapes, ragged ints
+    import pandas as pd
+    flat = pd.Series([np.arange(64, dtype=np.float64)] * 2)
+    spec = ColumnSpec("img", "feature", "tensor", "float32", (1, 8, 8)).to_json()
+    assert raw_column(flat, spec).shape == (2, 1, 8, 8)
+    ids = raw_column(pd.Series([np.array([1, 2]), np.array([3])]),
+                     ColumnSpec("ids", "feature", "varlist", "int64").to_json())
+    assert [a.dtype for a in ids] == [np.int64, np.int64] and ids[1].tolist() == [3]

@@ -113,6 +113,9 @@ def test_metrics_that_do_not_fit_the_problem_are_clear_errors():
         resolve_metrics(["auroc"], "regression", 1)
     with pytest.raises(ConfigError, match="'r2' is for regression"):
         resolve_metrics(["r2"], "multiclass", 10)
+    with pytest.raises(ConfigError, match="'r2' is computed over one output per row, and this "
+                                          "model has 3"):
+        resolve_metrics(["r2"], "regression", 3)
     with pytest.raises(ConfigError, match="'mcc' takes no average"):
         resolve_metrics(["mcc_macro"], "multiclass", 10)
     assert isinstance(resolve_metrics(["f1_micro"], "multiclass", 4)["f1_micro"], ExactMetric)
