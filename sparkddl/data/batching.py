@@ -57,9 +57,15 @@ def decode_varlist(col: ColumnSpec, arr: Any) -> np.ndarray:
     offsets = _raw_offsets(arr) if not _is_fixed(arr) else \
         np.arange(len(arr) + 1) * arr.type.list_size
     offsets = offsets - offsets[0]
-    out = np.empty(len(arr), dtype=object)
-    for i in range(len(arr)):  # one view per row: a row of its own length
-        out[i] = flat[offsets[i]:offsets[i + 1]]
+    return object_rows([flat[offsets[i]:offsets[i + 1]] for i in range(len(arr))])
+
+
+def object_rows(rows: list[np.ndarray]) -> np.ndarray:
+    """Arrays of their own lengths as one object array (``np.array`` would try to stack
+    them, and fails or makes a 2-D array when their lengths happen to agree)."""
+    out = np.empty(len(rows), dtype=object)
+    for i, row in enumerate(rows):
+        out[i] = row
     return out
 
 

@@ -13,12 +13,11 @@ rows are skipped each time; none is seen twice within an epoch.
 """
 from __future__ import annotations
 
-from urllib.parse import urlparse
-
 import logging
 import posixpath
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlparse
 
 from sparkddl.config import READERS
 from sparkddl.data.petastorm_check import unavailable_reason
@@ -67,6 +66,10 @@ class ShardPlan:
     # and what it returned for the driver's sample: (column, per-row shape, dtype)
     transform: Any = None
     transform_shapes: tuple[tuple[str, tuple[int, ...], str], ...] = ()
+
+    @property
+    def raw_in_place(self) -> bool:
+        return raw_in_place(self.files, self.columns)
 
     @property
     def names(self) -> list[str]:
@@ -130,6 +133,12 @@ def sub_shard(plan: ShardPlan, rank: int, part: int, parts: int) -> tuple[int, i
 PETASTORM_SCHEMES = ("file", "hdfs", "s3", "s3a")
 
 
+def raw_in_place(files: Any, columns: Any) -> bool:
+    """A table read in place (its files are known) with binary, string or ragged columns,
+    which another writer may have typed as Petastorm cannot read (large_binary, ...)."""
+    return bool(files) and any(c.raw for c in columns)
+
+
 def resolve_reader(choice: str, where: str = "driver", rows_selected: bool = False,
                    url: str = "", raw_in_place: bool = False) -> str:
     """The reader ``choice`` means in this Python process: "petastorm" or "arrow".
@@ -151,7 +160,6 @@ def resolve_reader(choice: str, where: str = "driver", rows_selected: bool = Fal
                 "selected inside row groups); use reader='auto' or 'arrow', or validation=None")
         return _chosen("arrow", "reader='auto' and the table read in place is split inside "
                        "its row groups, which the Arrow reader does", where)
-    scheme = urlparse(url).scheme or "file"
     if raw_in_place:  # another writer's binary/string/list types: Petastorm drops some
         if choice == "petastorm":
             raise ConfigError("reader='petastorm' cannot read binary, string or ragged columns "
@@ -160,6 +168,7 @@ def resolve_reader(choice: str, where: str = "driver", rows_selected: bool = Fal
         return _chosen("arrow", "reader='auto' and the table read in place has binary, string "
                        "or ragged columns, which the Arrow reader reads whatever their type",
                        where)
+    scheme = urlparse(url).scheme or "file"
     if scheme not in PETASTORM_SCHEMES:
         if choice == "petastorm":
             raise ConfigError(f"reader='petastorm' cannot read {scheme}:// (Petastorm opens "
@@ -216,7 +225,7 @@ def plan_shards(url: str, columns: tuple[ColumnSpec, ...], row_group_rows: list[
     fields of :class:`ShardPlan`; its ``reader`` choice is checked here, on the driver."""
     resolve_reader(options.get("reader", "auto"),
                    rows_selected=options.get("selection") is not None, url=url,
-                   raw_in_place=bool(options.get("files")) and any(c.raw for c in columns))
+                   raw_in_place=raw_in_place(options.get("files"), columns))
     total = sum(row_group_rows)
     check_enough_rows(total, world, batch_size)
     by_group = shard_rows(row_group_rows, world)

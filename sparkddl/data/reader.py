@@ -51,8 +51,7 @@ def epoch_batches(plan: ShardPlan, rank: int, epoch: int) -> Iterator[dict[str, 
         raise DataError(f"unknown reader pool {plan.reader_pool!r}; choose one of "
                         f"{', '.join(POOL_TYPES)}")
     source = SOURCES[resolve_reader(plan.reader, f"rank {rank}", plan.selection is not None,
-                                    plan.url, bool(plan.files) and
-                                    any(c.raw for c in plan.columns))]
+                                    plan.url, plan.raw_in_place)]
     if plan.files:
         from sparkddl.store import Store
         store = Store.from_uri(plan.url)

@@ -72,28 +72,18 @@ class ModelPayload:
 def raw_column(series: Any, spec: dict[str, Any] | None = None) -> Any:
     """A feature column as the transformFn saw it in training (``spec``: the column as
     training decoded it): bytes/str as object arrays, ragged arrays as an object array of
-    arrays of their dtype, fixed-length arrays as float32 ``[n, *shape]``, numbers float32."""
+    arrays of their dtype, numbers float32 shaped as declared."""
     import numpy as np
+
+    from sparkddl.data.batching import object_rows
+    spec = spec or {}
     values = series.to_numpy()
-    encoding = (spec or {}).get("encoding")
-    if encoding in ("binary", "string"):
+    if spec.get("encoding") in ("binary", "string") or (
+            values.dtype == object and len(values) and isinstance(values[0], (bytes, str))):
         return values
-    if encoding == "varlist" or (encoding is None and values.dtype == object and len(values)
-                                 and not isinstance(values[0], (bytes, bytearray, str))
-                                 and len({np.shape(v) for v in values}) > 1):
-        dtype = (spec or {}).get("dtype", "float32")
-        out = np.empty(len(values), dtype=object)
-        for i, v in enumerate(values):
-            out[i] = np.asarray(v, dtype=dtype)
-        return out
-    if values.dtype == object and len(values) and isinstance(values[0], (bytes, bytearray, str)):
-        return values
-    if values.dtype == object:
-        values = np.stack([np.asarray(v) for v in values]) if len(values) else \
-            np.zeros((0, 1))
-    shape = tuple((spec or {}).get("shape") or ())
-    arr = np.ascontiguousarray(values, dtype=np.float32)
-    return arr.reshape((len(arr), *shape)) if shape else arr
+    if spec.get("encoding") == "varlist":
+        return object_rows([np.asarray(v, dtype=spec.get("dtype", "float32")) for v in values])
+    return column(series, spec.get("shape") or None)
 
 
 def exported_eval(module: Any) -> Any:
@@ -182,6 +172,8 @@ def _predict_frames(module: Any, features: list[str], kind: str, batch_rows: int
     each batch is copied from pinned memory without blocking, and the outputs come back
     once per frame."""
     import torch
+
+    from sparkddl.data.transform import apply
     cuda = device.startswith("cuda")
     for frame in frames:
         inputs = [raw_column(frame[f], (columns or {}).get(f)) if transform is not None else
@@ -190,7 +182,6 @@ def _predict_frames(module: Any, features: list[str], kind: str, batch_rows: int
         with torch.no_grad():
             for start in range(0, len(frame), batch_rows):
                 if transform is not None:
-                    from sparkddl.data.transform import apply
                     out = apply(transform, {f: x[start:start + batch_rows]
                                             for f, x in zip(features, inputs)},
                                 f"TorchModel.transform, rows {start}+ of a batch")
