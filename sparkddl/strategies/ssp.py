@@ -8,6 +8,20 @@ applies updates as they arrive and answers a worker whose clock (updates pushed)
 once the slowest worker's clock is at least c - ``staleness``: no rank ever computes more
 than ``staleness`` steps ahead of the slowest. ``staleness=0`` is bulk-synchronous.
 
+Dynamic staleness (``min_staleness`` set; after Zhao et al., 2019, "Dynamic stale
+synchronous parallel"): the bound moves between ``min_staleness`` and ``staleness`` with the
+workers' observed speeds. The server times each worker's compute (from its answer to its
+next push). A worker more than ``min_staleness`` steps ahead of the slowest is held only
+while holding it is cheap: if the slowest worker is expected to push within half of the
+waiting worker's own step time, the server waits for that push, at most that long; if the
+slowest is expected later, is already late by half of its own step time (a straggler), or
+has not pushed when the time is up, the worker goes on. Past ``staleness`` it always waits.
+A straggler's delay then costs the others about half a step per step they run ahead instead
+of the whole delay (the lead it gives them is spent when the straggler's peers are slow in
+turn), while jitter of under half a step builds no lead at all: with a fixed ``staleness``,
+every time one worker is a little behind the others run ahead, until they are ``staleness``
+steps ahead for the rest of the epoch.
+
 Transport: the run's TCPStore (rank 0 hosts it), with one queue all workers push into and
 one queue per worker the server answers on; pops block, nothing polls. Messages are raw
 tensor bytes behind a small integer header, never pickles. CUDA tensors go through host
@@ -21,6 +35,7 @@ from the restored model.
 from __future__ import annotations
 
 import logging
+import os
 import struct
 import threading
 import time
@@ -35,8 +50,12 @@ from sparkddl.task import context
 log = logging.getLogger(__name__)
 
 PUSH_QUEUE = "sparkddl/ssp/push"
-# rank, clock, final (1: no update, answer at staleness 0), chunks of the update
+# rank, clock, final (1: no update, answer at staleness 0), chunks of the update; a rank of
+# ALARM is the server's own wake-up call (clock: the server's id)
 PUSH_HEADER = struct.Struct("<qqqq")
+ALARM = -1
+# dynamic mode: a worker past min_staleness waits at most this share of its own step time
+GRACE = 0.5
 # the TCPStore refuses messages over 8 MiB: larger payloads go as keys of this size, with
 # only a notice in the queue (several ranks push into one queue, so parts must not queue)
 CHUNK_BYTES = 4 << 20
@@ -65,7 +84,7 @@ def take_chunks(store: Any, prefix: str, n: int) -> bytes:
 
 class StaleSynchronous(Strategy):
     name = "ssp"
-    OPTIONS = {"staleness": 3}
+    OPTIONS = {"staleness": 3, "min_staleness": None}
 
     def __init__(self, **options: Any):
         super().__init__(**options)
@@ -73,6 +92,7 @@ class StaleSynchronous(Strategy):
         self.clocks: list[int] = []  # every worker's clock, as of the last pull
         self.max_lead = 0  # since the last end_epoch: own clock - slowest clock, at pulls
         self.wait_s = 0.0  # since the last end_epoch: time blocked on pulls
+        self.leads = [0, 0]  # since the last end_epoch: sum of leads at pulls, pulls
         self.server: ParameterServer | None = None
         self.store: Any = None  # this rank's own connection to the run's TCPStore
         self.state: list[Any] = []
@@ -80,6 +100,13 @@ class StaleSynchronous(Strategy):
 
     def check_options(self) -> None:
         self.check_int("staleness", 0)
+        low = self.options["min_staleness"]
+        if low is not None:
+            self.check_int("min_staleness", 0)
+            if low > self.options["staleness"]:
+                raise ConfigError(f"strategy 'ssp' option min_staleness={low} is above "
+                                  f"staleness={self.options['staleness']}; the lower bound "
+                                  "must be <= staleness (the upper bound)")
         problem = store_queue_problem()
         if problem:
             raise ConfigError(f"strategy='ssp' {problem}; use another strategy (local_sgd "
@@ -95,7 +122,8 @@ class StaleSynchronous(Strategy):
         self.store = _connection(store)  # one connection per thread: the server has its own
         if dist.get_rank() == 0:
             self.server = ParameterServer(_connection(store), [t.cpu().clone() for t in self.base],
-                                          dist.get_world_size(), self.options["staleness"])
+                                          dist.get_world_size(), self.options["staleness"],
+                                          self.options["min_staleness"], _connection(store))
             self.server.start()
         return module
 
@@ -129,15 +157,18 @@ class StaleSynchronous(Strategy):
                                       dist.get_rank())
         self.comm.add(len(message) + len(payload))
         self.clocks = clocks
-        self.max_lead = max(self.max_lead, self.clock - min(clocks))
+        lead = self.clock - min(clocks)
+        self.max_lead = max(self.max_lead, lead)
+        self.leads = [self.leads[0] + lead, self.leads[1] + 1]
         with torch.no_grad():
             for t, b, value in zip(self.state, self.base, unpack(payload, self.base)):
                 t.copy_(value)
                 b.copy_(value)
 
     def end_epoch(self) -> dict[str, Any]:
-        out = {**self.comm.take(), "max_lead": self.max_lead, "wait_s": self.wait_s}
-        self.max_lead, self.wait_s = 0, 0.0
+        out = {**self.comm.take(), "max_lead": self.max_lead, "wait_s": self.wait_s,
+               "mean_lead": self.leads[0] / max(1, self.leads[1])}
+        self.max_lead, self.wait_s, self.leads = 0, 0.0, [0, 0]
         return out
 
     def finalize(self, module: Any) -> None:
@@ -150,12 +181,24 @@ class StaleSynchronous(Strategy):
 
 
 class ParameterServer(threading.Thread):
-    """Rank 0's server: applies updates in arrival order, answers pulls within staleness."""
+    """Rank 0's server: applies updates in arrival order, answers pulls within staleness.
 
-    def __init__(self, store: Any, params: list[Any], world: int, staleness: int):
+    With ``low`` (min_staleness) set, a pull between ``low`` and ``staleness`` steps ahead
+    of the slowest worker is answered by :meth:`_hold_until`'s rule; ``alarm_store`` is the
+    connection its wake-up calls are pushed on (they go into the push queue the server
+    blocks on, so nothing polls)."""
+
+    def __init__(self, store: Any, params: list[Any], world: int, staleness: int,
+                 low: int | None = None, alarm_store: Any = None):
         super().__init__(name="sparkddl-ssp-server", daemon=True)
         self.store, self.params = store, params
-        self.world, self.staleness = world, staleness
+        self.world, self.staleness, self.low = world, staleness, low
+        self.id = int.from_bytes(os.urandom(7), "little")
+        self.alarm = None if low is None else Alarm(alarm_store, self.id)
+        now = time.monotonic()
+        self.answered = [now] * world  # when each worker was last answered
+        self.compute = [0.0] * world  # each worker's step time: answer -> next push (EMA)
+        self.timed = [False] * world
 
     def run(self) -> None:
         try:
@@ -163,28 +206,72 @@ class ParameterServer(threading.Thread):
         except Exception as exc:  # noqa: BLE001 - reported to every worker, which raise it
             log.exception("SSP parameter server failed")
             self._fail(f"{type(exc).__name__}: {exc}")
+        finally:
+            if self.alarm is not None:
+                self.alarm.stop()
 
     def _serve(self) -> None:
         clocks = [0] * self.world
-        waiting: list[tuple[int, int, bool]] = []  # rank, clock, final
+        waiting: list[tuple[int, int, bool, float]] = []  # rank, clock, final, arrival
         finished = 0
+        if self.alarm is not None:
+            self.alarm.start()
         while finished < self.world:
             message = self.store.queue_pop(PUSH_QUEUE)  # blocks up to the store's timeout
             rank, clock, final, chunks = PUSH_HEADER.unpack_from(message)
-            payload = take_chunks(self.store, update_key(rank, clock), chunks)
-            if not final:
-                self._apply(rank, clock, clocks[rank], payload)
-                clocks[rank] = clock
-            waiting.append((rank, clock, bool(final)))
-            # a final pull waits for everyone: the model it gets is the finished one
-            ready = [w for w in waiting if w[1] - min(clocks) <= (0 if w[2] else self.staleness)]
+            now = time.monotonic()
+            if rank == ALARM:
+                if clock != self.id:
+                    continue  # a wake-up call left by an earlier server on this store
+            else:
+                payload = take_chunks(self.store, update_key(rank, clock), chunks)
+                if not final:
+                    self._apply(rank, clock, clocks[rank], payload)
+                    clocks[rank] = clock
+                    self._time(rank, now)
+                waiting.append((rank, clock, bool(final), now))
+            ready, wake = [], None
+            for w in waiting:
+                until = self._hold_until(w, clocks, now)
+                if until is None:
+                    ready.append(w)
+                elif until != float("inf"):
+                    wake = until if wake is None else min(wake, until)
+            if wake is not None:
+                self.alarm.set(wake)
             if ready:
                 model = pack(self.params)
                 for w in ready:
                     chunks = put_chunks(self.store, answer_key(w[0]), model)
                     self.store.queue_push(pull_queue(w[0]), encode_pull(clocks, chunks))
+                    self.answered[w[0]] = time.monotonic()
                 finished += sum(w[2] for w in ready)
                 waiting = [w for w in waiting if w not in ready]
+
+    def _time(self, rank: int, now: float) -> None:
+        step = now - self.answered[rank]
+        self.compute[rank] = step if not self.timed[rank] else 0.7 * self.compute[rank] + 0.3 * step
+        self.timed[rank] = True
+
+    def _hold_until(self, w: tuple[int, int, bool, float], clocks: list[int],
+                    now: float) -> float | None:
+        """None: answer ``w`` now; else hold it until that time (inf: until a push)."""
+        rank, clock, final, arrived = w
+        lead = clock - min(clocks)
+        if final:  # a final pull waits for everyone: the model it gets is the finished one
+            return None if lead <= 0 else float("inf")
+        if lead <= (self.staleness if self.low is None else self.low):
+            return None
+        if lead > self.staleness:
+            return float("inf")
+        # dynamic: between the bounds, hold only while the slowest is about to push
+        deadline = arrived + GRACE * self.compute[rank]
+        slowest = min(clocks)
+        expected, late_after = max((self.answered[r] + self.compute[r], GRACE * self.compute[r])
+                                   for r in range(self.world) if clocks[r] == slowest)
+        if now >= deadline or expected > deadline or now > expected + late_after:
+            return None  # not expected in time, or already late (a straggler): go on
+        return deadline
 
     def _apply(self, rank: int, clock: int, last: int, payload: bytes) -> None:
         if clock != last + 1:
@@ -199,6 +286,42 @@ class ParameterServer(threading.Thread):
                 self.store.queue_push(pull_queue(rank), encode_pull([], 0, reason.encode()))
             except Exception:  # noqa: BLE001 - the store itself may be gone
                 log.warning("could not tell rank %d that the SSP server failed", rank)
+
+
+class Alarm(threading.Thread):
+    """Wakes the server at a set time by pushing an ALARM message into its push queue."""
+
+    def __init__(self, store: Any, server_id: int):
+        super().__init__(name="sparkddl-ssp-alarm", daemon=True)
+        self.store, self.server_id = store, server_id
+        self.due: float | None = None
+        self.stopped = False
+        self.cond = threading.Condition()
+
+    def set(self, when: float) -> None:
+        with self.cond:
+            if self.due is None or when < self.due:
+                self.due = when
+                self.cond.notify()
+
+    def stop(self) -> None:
+        with self.cond:
+            self.stopped = True
+            self.cond.notify()
+
+    def run(self) -> None:
+        while True:
+            with self.cond:
+                while not self.stopped and (self.due is None or self.due > time.monotonic()):
+                    self.cond.wait(None if self.due is None else self.due - time.monotonic())
+                if self.stopped:
+                    return
+                self.due = None
+            try:
+                self.store.queue_push(PUSH_QUEUE, PUSH_HEADER.pack(ALARM, self.server_id, 0, 0))
+            except Exception:  # noqa: BLE001 - the run is ending; the server needs no alarm
+                log.debug("SSP alarm could not reach the store", exc_info=True)
+                return
 
 
 def update_key(rank: int, clock: int) -> str:

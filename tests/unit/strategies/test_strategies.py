@@ -44,9 +44,11 @@ def _regression(rank: int, steps: int, batch: int) -> list[tuple[torch.Tensor, t
 
 
 def _fit(strategy: Any, module: nn.Module, batches: list, lrs: list[float],
-         momentum: float = 0.0, pause_s: float = 0.0, trace: list | None = None,
+         momentum: float = 0.0, pause_s: Any = 0.0, trace: list | None = None,
          probe: dict | None = None) -> list[dict]:
-    """The training loop's calls, one epoch per learning rate; one row per epoch."""
+    """The training loop's calls, one epoch per learning rate; one row per epoch.
+    ``pause_s``: seconds of "compute" added to every step, or a function of the step's
+    index (counted over all epochs) giving them."""
     model = strategy.wrap(module)
     optimizer = torch.optim.SGD(module.parameters(), lr=lrs[0], momentum=momentum)
     rows = []
@@ -57,7 +59,8 @@ def _fit(strategy: Any, module: nn.Module, batches: list, lrs: list[float],
             optimizer.zero_grad(set_to_none=True)
             loss = F.mse_loss(model(x), y)
             strategy.backward(loss)
-            time.sleep(pause_s)
+            time.sleep(pause_s(len(losses) + len(rows) * len(batches))
+                       if callable(pause_s) else pause_s)
             strategy.step(optimizer)
             losses.append(loss.item())
             if trace is not None:
@@ -194,6 +197,36 @@ def _stale_synchronous(rank: int, world: int) -> dict:
     return out
 
 
+SPIKE_S, STEP_S, SSP_STEPS = 0.1, 0.02, 24
+
+
+def _steps(rank: int, spikes: bool, jitter_s: float):
+    """Every step takes STEP_S +- ``jitter_s``; with ``spikes``, stragglers that come and go:
+    each rank in turn is SPIKE_S late on two steps of every epoch (rank 1 at steps 3 and
+    15, rank 0 at 9 and 21)."""
+    import random
+    jitter = random.Random(rank)
+    late = {1: (3, 15), 0: (9, 21)}[rank] if spikes else ()
+    return lambda i: STEP_S + jitter.uniform(-jitter_s, jitter_s) + (
+        SPIKE_S if i % SSP_STEPS in late else 0.0)
+
+
+def _dynamic_staleness(rank: int, world: int) -> dict:
+    """Fixed staleness 0 and 4 and dynamic 0..4, under stragglers and under jitter alone."""
+    configs = {"fixed_low": {"staleness": 0}, "fixed_high": {"staleness": 4},
+               "dynamic": {"staleness": 4, "min_staleness": 0}}
+    out = {}
+    for pattern, spikes, jitter_s, epochs in (("spikes", True, 0.004, 2),
+                                              ("jitter", False, 0.012, 3)):
+        for label, options in configs.items():
+            trace: list = []
+            start = time.perf_counter()
+            run = _run("ssp", options, rank, [0.05] * epochs, steps=SSP_STEPS,
+                       pause_s=_steps(rank, spikes, jitter_s), trace=trace)
+            out[pattern, label] = {**run, "trace": trace, "wall_s": time.perf_counter() - start}
+    return out
+
+
 # ---- fixtures: one spawn per family of checks ----
 
 @pytest.fixture(scope="module")
@@ -224,6 +257,11 @@ def averaging():
 @pytest.fixture(scope="module")
 def ssp():
     return run_ranks(_stale_synchronous, timeout_s=SPAWN_TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def dynamic_ssp():
+    return run_ranks(_dynamic_staleness, timeout_s=SPAWN_TIMEOUT_S)
 
 
 # ---- synchronous allreduce ----
@@ -422,6 +460,52 @@ def test_ssp_workers_stay_within_staleness(ssp, staleness):
                                rtol=0, atol=0)
 
 
+def _leads(run: dict) -> list[int]:
+    """Each pull's lead over the slowest worker, from the clocks it returned."""
+    return [step + 1 - min(clocks) for step, clocks in enumerate(run["trace"])]
+
+
+def _mean_lead(result: list, key: tuple) -> float:
+    leads = [lead for rank_result in result for lead in _leads(rank_result[key])]
+    return sum(leads) / len(leads)
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+@pytest.mark.skipif(store_queue_problem() is not None,
+                    reason=f"ssp is refused on this torch: {store_queue_problem()}")
+def test_dynamic_staleness_rides_out_stragglers_within_the_upper_bound(dynamic_ssp):
+    """Each rank in turn is 100 ms late on a 20 ms step. Fixed staleness 0 makes the other
+    wait it out every time; the dynamic bound (0..4) lets it run ahead instead, never by
+    more than 4 steps."""
+    for rank, result in enumerate(dynamic_ssp):
+        for label, bound in (("fixed_low", 0), ("fixed_high", 4), ("dynamic", 4)):
+            run = result["spikes", label]
+            assert max(_leads(run)) <= bound, (rank, label)
+            assert all(row["max_lead"] <= bound for row in run["rows"]), (rank, label)
+            assert run["rows"][-1]["loss"] < run["rows"][0]["loss"], (rank, label)
+        waited = {label: sum(row["wait_s"] for row in result["spikes", label]["rows"])
+                  for label in ("fixed_low", "dynamic")}
+        # fixed 0 waits out the other rank's four 100 ms delays (~0.4 s); dynamic ~0.05 s
+        assert waited["dynamic"] < 0.5 * waited["fixed_low"], (rank, waited)
+        assert max(_leads(result["spikes", "dynamic"])) > 0  # it did run ahead
+    for label in ("fixed_low", "fixed_high", "dynamic"):  # every rank ends on one model
+        torch.testing.assert_close(dynamic_ssp[0]["spikes", label]["params"],
+                                   dynamic_ssp[1]["spikes", label]["params"], rtol=0, atol=0)
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+@pytest.mark.skipif(store_queue_problem() is not None,
+                    reason=f"ssp is refused on this torch: {store_queue_problem()}")
+def test_dynamic_staleness_builds_no_lead_from_jitter(dynamic_ssp):
+    """Steps of 20 +- 12 ms and no stragglers: a fixed bound of 4 lets whichever rank is
+    ahead stay ahead (mean lead about 1.3 here); dynamic holds it for the cheap waits, so
+    its mean lead stays well below (about 0.5)."""
+    dynamic = _mean_lead(dynamic_ssp, ("jitter", "dynamic"))
+    fixed = _mean_lead(dynamic_ssp, ("jitter", "fixed_high"))
+    assert dynamic < fixed, (dynamic, fixed)
+    assert max(max(_leads(r["jitter", "dynamic"])) for r in dynamic_ssp) <= 4
+
+
 # ---- configuration errors (no processes) ----
 
 def test_unknown_strategy_lists_the_valid_ones():
@@ -435,7 +519,7 @@ def test_unknown_strategy_lists_the_valid_ones():
     ("local_sgd", {"periode": 4}, "period, warmup_steps, average_optimizer_state"),
     ("dynamic_averaging", {"treshold": 1}, "threshold, check_every"),
     ("gossip", {"graph": "ring"}, "topology"),
-    ("ssp", {"stale": 1}, "staleness"),
+    ("ssp", {"stale": 1}, "staleness, min_staleness"),
 ])
 def test_unknown_options_list_the_valid_ones(name, options, valid):
     with pytest.raises(ConfigError, match=f"unknown option.*{name}.*valid options: {valid}"):
@@ -461,6 +545,9 @@ def test_unknown_options_list_the_valid_ones(name, options, valid):
     ("gossip", {"topology": "star"}, r"topology='star' is invalid; expected one of ring, "
                                      r"exponential"),
     ("ssp", {"staleness": -1}, r"staleness=-1 is invalid; expected an integer >= 0"),
+    ("ssp", {"min_staleness": -1}, r"min_staleness=-1 is invalid; expected an integer >= 0"),
+    ("ssp", {"staleness": 2, "min_staleness": 3},
+     r"min_staleness=3 is above staleness=2; the lower bound must be <= staleness"),
 ])
 def test_bad_option_values_name_the_option(name, options, message):
     with pytest.raises(ConfigError, match=message):
