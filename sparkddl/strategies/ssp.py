@@ -16,11 +16,12 @@ while holding it is cheap: if the slowest worker is expected to push within half
 waiting worker's own step time, the server waits for that push, at most that long; if the
 slowest is expected later, is already late by half of its own step time (a straggler), or
 has not pushed when the time is up, the worker goes on. Past ``staleness`` it always waits.
-A straggler's delay then costs the others about half a step per step they run ahead instead
-of the whole delay (the lead it gives them is spent when the straggler's peers are slow in
-turn), while jitter of under half a step builds no lead at all: with a fixed ``staleness``,
-every time one worker is a little behind the others run ahead, until they are ``staleness``
-steps ahead for the rest of the epoch.
+A straggler then costs the others about half of their step once, when it first makes them
+wait; after that it is late and they go on at once, until they are ``staleness`` ahead.
+Jitter of under half a step builds hardly any lead: with a fixed ``staleness``, every time
+one worker is a little behind the others run ahead, and keep that lead. The first push of
+an epoch is not timed (its compute includes the epoch's end: statistics, snapshot,
+checkpoint).
 
 Transport: the run's TCPStore (rank 0 hosts it), with one queue all workers push into and
 one queue per worker the server answers on; pops block, nothing polls. Messages are raw
@@ -50,9 +51,11 @@ from sparkddl.task import context
 log = logging.getLogger(__name__)
 
 PUSH_QUEUE = "sparkddl/ssp/push"
-# rank, clock, final (1: no update, answer at staleness 0), chunks of the update; a rank of
-# ALARM is the server's own wake-up call (clock: the server's id)
+# rank, clock, kind (PLAIN; FINAL: no update, answer at staleness 0; UNTIMED: the first push
+# after wrap or an epoch's end, whose compute time includes that work), chunks of the update;
+# a rank of ALARM is the server's own wake-up call (clock: the server's id)
 PUSH_HEADER = struct.Struct("<qqqq")
+PLAIN, FINAL, UNTIMED = 0, 1, 2
 ALARM = -1
 # dynamic mode: a worker past min_staleness waits at most this share of its own step time
 GRACE = 0.5
@@ -94,6 +97,7 @@ class StaleSynchronous(Strategy):
         self.wait_s = 0.0  # since the last end_epoch: time blocked on pulls
         self.leads = [0, 0]  # since the last end_epoch: sum of leads at pulls, pulls
         self.server: ParameterServer | None = None
+        self.untimed = True  # the next push follows wrap or an epoch's end
         self.store: Any = None  # this rank's own connection to the run's TCPStore
         self.state: list[Any] = []
         self.base: list[Any] = []
@@ -121,9 +125,10 @@ class StaleSynchronous(Strategy):
         store = context.current().store
         self.store = _connection(store)  # one connection per thread: the server has its own
         if dist.get_rank() == 0:
+            low = self.options["min_staleness"]
             self.server = ParameterServer(_connection(store), [t.cpu().clone() for t in self.base],
                                           dist.get_world_size(), self.options["staleness"],
-                                          self.options["min_staleness"], _connection(store))
+                                          low, None if low is None else _connection(store))
             self.server.start()
         return module
 
@@ -133,17 +138,19 @@ class StaleSynchronous(Strategy):
         optimizer.step()
         self.clock += 1
         with torch.no_grad():
-            update = [t.detach() - b for t, b in zip(self.state, self.base)]
-        self._push(pack(update), final=False)
+            payload = pack([t.detach() - b for t, b in zip(self.state, self.base)])
+        self._push(payload, UNTIMED if self.untimed else PLAIN)
+        self.untimed = False
+        del payload  # not held through the pull, which brings a model of its own
         self._pull()
 
-    def _push(self, payload: bytes, final: bool) -> None:
+    def _push(self, payload: bytes, kind: int) -> None:
         import torch.distributed as dist
 
         rank = dist.get_rank()
         chunks = put_chunks(self.store, update_key(rank, self.clock), payload)
         self.comm.add(PUSH_HEADER.size + len(payload))
-        self.store.queue_push(PUSH_QUEUE, PUSH_HEADER.pack(rank, self.clock, int(final), chunks))
+        self.store.queue_push(PUSH_QUEUE, PUSH_HEADER.pack(rank, self.clock, kind, chunks))
 
     def _pull(self) -> None:
         import torch
@@ -169,11 +176,12 @@ class StaleSynchronous(Strategy):
         out = {**self.comm.take(), "max_lead": self.max_lead, "wait_s": self.wait_s,
                "mean_lead": self.leads[0] / max(1, self.leads[1])}
         self.max_lead, self.wait_s, self.leads = 0, 0.0, [0, 0]
+        self.untimed = True
         return out
 
     def finalize(self, module: Any) -> None:
         """Pull the server's model once every update of every rank is in it."""
-        self._push(b"", final=True)
+        self._push(b"", FINAL)
         self._pull()
         if self.server is not None:
             with context.collective("the SSP server's wait for every rank's final update"):
@@ -218,18 +226,20 @@ class ParameterServer(threading.Thread):
             self.alarm.start()
         while finished < self.world:
             message = self.store.queue_pop(PUSH_QUEUE)  # blocks up to the store's timeout
-            rank, clock, final, chunks = PUSH_HEADER.unpack_from(message)
+            rank, clock, kind, chunks = PUSH_HEADER.unpack_from(message)
             now = time.monotonic()
             if rank == ALARM:
                 if clock != self.id:
                     continue  # a wake-up call left by an earlier server on this store
             else:
                 payload = take_chunks(self.store, update_key(rank, clock), chunks)
-                if not final:
+                if kind != FINAL:
                     self._apply(rank, clock, clocks[rank], payload)
                     clocks[rank] = clock
-                    self._time(rank, now)
-                waiting.append((rank, clock, bool(final), now))
+                    if kind == PLAIN:
+                        self._time(rank, now)
+                del payload
+                waiting.append((rank, clock, kind == FINAL, now))
             ready, wake = [], None
             for w in waiting:
                 until = self._hold_until(w, clocks, now)
@@ -264,14 +274,14 @@ class ParameterServer(threading.Thread):
             return None
         if lead > self.staleness:
             return float("inf")
-        # dynamic: between the bounds, hold only while the slowest is about to push
+        # dynamic: between the bounds, hold only while the slowest are about to push
         deadline = arrived + GRACE * self.compute[rank]
-        slowest = min(clocks)
-        expected, late_after = max((self.answered[r] + self.compute[r], GRACE * self.compute[r])
-                                   for r in range(self.world) if clocks[r] == slowest)
-        if now >= deadline or expected > deadline or now > expected + late_after:
-            return None  # not expected in time, or already late (a straggler): go on
-        return deadline
+        slowest = [r for r in range(self.world) if clocks[r] == min(clocks)]
+        expected = [self.answered[r] + self.compute[r] for r in slowest]
+        late = [e + GRACE * self.compute[r] for e, r in zip(expected, slowest)]
+        if now >= deadline or max(expected) > deadline or now > min(late):
+            return None  # not all expected in time, or one already late (a straggler): go on
+        return min(deadline, min(late))  # look again when one of them would be late
 
     def _apply(self, rank: int, clock: int, last: int, payload: bytes) -> None:
         if clock != last + 1:
@@ -319,8 +329,11 @@ class Alarm(threading.Thread):
                 self.due = None
             try:
                 self.store.queue_push(PUSH_QUEUE, PUSH_HEADER.pack(ALARM, self.server_id, 0, 0))
-            except Exception:  # noqa: BLE001 - the run is ending; the server needs no alarm
-                log.debug("SSP alarm could not reach the store", exc_info=True)
+            except Exception:  # noqa: BLE001 - held workers then wait for the next push
+                if not self.stopped:
+                    log.warning("SSP: the dynamic staleness alarm could not reach the store; "
+                                "held workers now wait for the slowest worker's next push",
+                                exc_info=True)
                 return
 
 
