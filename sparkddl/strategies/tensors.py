@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     Exchange = Callable[[torch.Tensor, list[int], list[torch.Size]], Future]
 
 DEFAULT_BUCKET_BYTES = 25 << 20  # DDP's default bucket_cap_mb
+DISTANCE_CHUNK = 1 << 18  # elements per step of squared_distance (2 MiB of float64)
 
 
 def model_state(module: Any) -> list["torch.Tensor"]:
@@ -121,7 +122,12 @@ def squared_distance(tensors: Sequence["torch.Tensor"],
 
     total = torch.zeros((), dtype=torch.float64, device=tensors[0].device)
     for a, b in zip(tensors, others):
-        total += (a.detach().double() - b.detach().double()).pow(2).sum()
+        a, b = a.detach().reshape(-1), b.detach().reshape(-1)
+        # in chunks: the float64 difference of a whole large tensor would briefly take
+        # several times its size (6x for float32: two casts, the difference, its square)
+        for i in range(0, a.numel(), DISTANCE_CHUNK):
+            total += (a[i:i + DISTANCE_CHUNK].double()
+                      - b[i:i + DISTANCE_CHUNK].double()).pow(2).sum()
     return total
 
 

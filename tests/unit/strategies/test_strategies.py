@@ -181,6 +181,7 @@ def _model_averaging(rank: int, world: int) -> dict:
                               rank, [0.05] * 4),
         "dynamic_always": _run("dynamic_averaging", {"threshold": 0.0, "check_every": 4},
                                rank, [0.05] * 4),
+        "dynamic_auto": _run("dynamic_averaging", {"check_every": 4}, rank, [0.05] * 4),
         "gossip_ring": _run("gossip", {}, rank, fast_decay),
         "gossip_exponential": _run("gossip", {"topology": "exponential"}, rank, [0.05] * 4),
     }
@@ -385,7 +386,7 @@ def test_bytes_per_epoch_follow_the_strategy(comm_bytes):
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
 @pytest.mark.parametrize("label", ["local_sgd", "dynamic_never", "dynamic_always",
-                                   "gossip_ring", "gossip_exponential"])
+                                   "dynamic_auto", "gossip_ring", "gossip_exponential"])
 def test_model_averaging_trains_and_finalize_agrees(averaging, label):
     runs = [r[label] for r in averaging]
     rows = runs[0]["rows"]
@@ -416,6 +417,22 @@ def test_dynamic_averaging_syncs_by_threshold(averaging):
         assert [row["syncs"] for row in result["dynamic_always"]["rows"]] == [4, 4, 4, 4]
         state = result["dynamic_always"]["state"]
         assert state["steps"] == 64 and len(state["reference"]) == 4
+        for label in ("dynamic_never", "dynamic_always"):
+            rows = result[label]["rows"]
+            assert [row["checks"] for row in rows] == [4] * 4
+            assert all(row["drift"] > 0 for row in rows)
+        # never averaged, the replicas keep moving away from the initial reference
+        never = [row["drift"] for row in result["dynamic_never"]["rows"]]
+        assert never[-1] > never[0]
+    for result in averaging:  # "auto": the first check's drift, kept for the whole run
+        rows = result["dynamic_auto"]["rows"]
+        assert rows[0]["threshold"] > 0 and len({row["threshold"] for row in rows}) == 1
+        assert result["dynamic_auto"]["state"]["threshold"] == rows[0]["threshold"]
+        assert rows[0]["syncs"] < rows[0]["checks"]  # the first check only sets it
+        assert 0 < sum(row["syncs"] for row in rows) < sum(row["checks"] for row in rows)
+    # the drift is the mean over ranks: both report the same
+    assert [r["drift"] for r in averaging[0]["dynamic_never"]["rows"]] == \
+        [r["drift"] for r in averaging[1]["dynamic_never"]["rows"]]
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
@@ -541,6 +558,8 @@ def test_unknown_options_list_the_valid_ones(name, options, valid):
     ("allreduce", {"compression": "fp16", "rank": 4}, r"rank only applies with "
                                                       r"compression=powersgd"),
     ("dynamic_averaging", {"threshold": -1}, r"threshold=-1 is invalid; expected a number >= 0"),
+    ("dynamic_averaging", {"threshold": "high"},
+     r"threshold='high' is invalid; expected a number >= 0 or \"auto\""),
     ("dynamic_averaging", {"check_every": 0}, r"check_every=0 is invalid"),
     ("gossip", {"topology": "star"}, r"topology='star' is invalid; expected one of ring, "
                                      r"exponential"),
