@@ -105,8 +105,9 @@ def run_evaluate(cfg: JobConfig, model_path: str | None = None) -> dict[str, Any
 
 
 def run_plan(cfg: JobConfig, workers: tuple[int, ...]) -> dict[str, Any]:
-    """Calibrate on this cluster, predict epoch time and speed-up per strategy and worker
-    count, print the table and write plan.json, plan.md and speedup.png."""
+    """Calibrate on this cluster, predict epoch time, speed-up and each rank's peak memory
+    per strategy and worker count, print the tables and write plan.json, plan.md and
+    speedup.png."""
     from sparkddl import perfmodel
 
     out_dir = output_store(cfg)
@@ -115,15 +116,17 @@ def run_plan(cfg: JobConfig, workers: tuple[int, ...]) -> dict[str, Any]:
     cal, rows = perfmodel.run_calibration(
         spark, train_df, _model(cfg), _optimizer(cfg), cfg.loss.name, cfg.train_config())
     preds = perfmodel.predictions(cal, rows, workers)
+    mem = perfmodel.memory_predictions(cal, workers)
     stamp = time.strftime("plan-%Y%m%d-%H%M%S")
-    md = perfmodel.table(preds)
+    md = (perfmodel.table(preds) + "\n\nPeak memory per rank (rank 0, MB):\n\n"
+          + perfmodel.memory_table(mem))
     out_dir.write_bytes(out_dir.url(stamp, "plan.json"),
-                        perfmodel.to_json(cal, rows, preds).encode())
+                        perfmodel.to_json(cal, rows, preds, mem).encode())
     out_dir.write_bytes(out_dir.url(stamp, "plan.md"), md.encode())
     out_dir.write_bytes(out_dir.url(stamp, "speedup.png"), perfmodel.plot(preds))
     print(md)
     print(f"\nplan: {out_dir.url(stamp)} (plan.json, plan.md, speedup.png)")
-    return {"dir": out_dir.url(stamp), "predictions": preds, "calibration": cal}
+    return {"dir": out_dir.url(stamp), "predictions": preds, "memory": mem, "calibration": cal}
 
 
 def _model(cfg: JobConfig) -> Any:

@@ -1,4 +1,5 @@
-"""``sparkddl plan``: calibrate on the user's cluster, then predict how a job scales."""
+"""``sparkddl plan``: calibrate on the user's cluster, then predict how a job scales and
+how much memory each rank needs."""
 from __future__ import annotations
 
 import json
@@ -10,6 +11,7 @@ from sparkddl.config import TrainConfig
 from sparkddl.launch import preflight
 from sparkddl.launch.inputs import prepare_data, shard_plan
 from sparkddl.launch.launcher import launch_ranks, new_run_id
+from sparkddl.perfmodel import memory
 from sparkddl.perfmodel.calibrate import Candidate, calibrate
 from sparkddl.perfmodel.predict import Model, Prediction
 from sparkddl.store import Store
@@ -33,6 +35,8 @@ CANDIDATES = (
     Candidate("gossip", "gossip", {}),
     Candidate("ssp", "ssp", {"staleness": 3}),
 )
+# priced for memory only (their time is not modelled)
+MEMORY_ONLY = (Candidate("fsdp", "fsdp", {}),)
 
 
 def run_calibration(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any,
@@ -60,6 +64,14 @@ def run_calibration(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any,
 def predictions(cal: dict, rows: int, workers: tuple[int, ...] = WORKERS) -> list[Prediction]:
     model = Model(cal)
     return [model.predict(label, n, rows) for label in cal["strategies"] for n in workers]
+
+
+def memory_predictions(cal: dict, workers: tuple[int, ...] = WORKERS,
+                       candidates: tuple[Candidate, ...] = CANDIDATES + MEMORY_ONLY
+                       ) -> list[memory.MemoryPrediction]:
+    """Rank 0's predicted peak memory for every candidate and worker count."""
+    return [memory.predict(cal["memory"], c.label, c.name, c.options, n)
+            for c in candidates for n in workers]
 
 
 def table(preds: list[Prediction]) -> str:
@@ -98,13 +110,17 @@ def plot(preds: list[Prediction]) -> bytes:
     return buf.getvalue()
 
 
-def to_json(cal: dict, rows: int, preds: list[Prediction]) -> str:
+def to_json(cal: dict, rows: int, preds: list[Prediction],
+            mem: list[memory.MemoryPrediction] = ()) -> str:
     model = Model(cal)
     return json.dumps({"calibration": cal, "rows": rows,
                        "link": asdict(model.link),
                        "codec_s": {label: model.codec_s(label) for label in cal["strategies"]},
-                       "predictions": [asdict(p) for p in preds]}, indent=1, default=str)
+                       "predictions": [asdict(p) for p in preds],
+                       "memory": [asdict(m) for m in mem]}, indent=1, default=str)
 
 
-__all__ = ["CANDIDATES", "WORKERS", "predictions", "run_calibration", "table", "plot",
-           "to_json"]
+memory_table = memory.table
+
+__all__ = ["CANDIDATES", "MEMORY_ONLY", "WORKERS", "predictions", "memory_predictions",
+           "run_calibration", "table", "memory_table", "plot", "to_json"]

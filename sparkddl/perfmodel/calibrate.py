@@ -18,7 +18,8 @@ from typing import Any
 
 from sparkddl import strategies
 from sparkddl.data.reader import epoch_batches
-from sparkddl.task import context
+from sparkddl.perfmodel import memory
+from sparkddl.task import context, rss
 from sparkddl.task.dist import device, init_process_group
 from sparkddl.train.components import build_module
 from sparkddl.train.spec import TrainSpec
@@ -45,10 +46,15 @@ def calibrate(spec: TrainSpec, candidates: list[Candidate], reader_steps: int) -
     ctx = context.current()
     init_process_group()
     dev = device()
-    batch = next(iter(epoch_batches(spec.plan, ctx.rank, 0)))
+    batches = epoch_batches(spec.plan, ctx.rank, 0)
+    batch = next(iter(batches))
+    batches.close()  # the reader's threads stop: their buffers are priced from the plan
+    runtime = rss.rss_bytes()  # with the reader's libraries loaded, before the model
     inputs = [batch[f].to(dev) for f in spec.config.features]
     label = batch[spec.config.labels[0]].to(dev)
+    grown = _peak_growth(dev)
     step_s, backward_s = _local_step(spec, dev, inputs, label)
+    footprint = _footprint(spec, dev, inputs, label, runtime, grown(), ctx.local_world_size)
     # a single worker has the machine to itself; every rank computing at once shares it
     alone_s = _local_step(spec, dev, inputs, label)[0] if ctx.rank == 0 else 0.0
     dist.barrier()
@@ -57,14 +63,68 @@ def calibrate(spec: TrainSpec, candidates: list[Candidate], reader_steps: int) -
            "step_alone_s": alone_s,
            "allreduce": _allreduce_sweep(dev), "reader_rows_s": _reader_rate(spec, reader_steps),
            "epoch_overhead_s": _epoch_overhead(spec, dev),
-           "param_bytes": sum(p.numel() * p.element_size()
-                              for p in build_module(spec.model_factory).parameters()),
+           "param_bytes": footprint["param_bytes"], "memory": footprint,
            "strategies": {c.label: _strategy_step(spec, dev, c, inputs, label)
                           for c in candidates}}
     # the slowest rank sets the pace of synchronous training
     pace = torch.tensor([out["step_s"], -out["reader_rows_s"]], dtype=torch.float64)
     dist.all_reduce(pace, op=dist.ReduceOp.MAX)
     out["step_s"], out["reader_rows_s"] = pace[0].item(), -pace[1].item()
+    return out
+
+
+def _peak_growth(dev: Any) -> Any:
+    """From now: a function giving the peak growth of this rank's memory (host RSS on CPU,
+    the CUDA caching allocator's reserved bytes on a GPU), or None where it cannot be
+    measured (no /proc: not Linux)."""
+    if dev.type == "cuda":
+        import torch
+        torch.cuda.reset_peak_memory_stats(dev)
+        start = torch.cuda.memory_reserved(dev)
+        return lambda: max(0, torch.cuda.max_memory_reserved(dev) - start)
+    start = rss.rss_bytes()
+    if not (start and rss.reset_peak()):
+        return lambda: None
+    return lambda: max(0, rss.peak_rss_bytes() - start)
+
+
+def _footprint(spec: TrainSpec, dev: Any, inputs: list[Any], label: Any, runtime: int,
+               grown: int | None, local_ranks: int) -> dict[str, Any]:
+    """What :func:`sparkddl.perfmodel.memory.predict` needs: the model's parts after a real
+    step, the activations at the batch size, the reader's buffers from the plan, the
+    measured peak growth of the local steps (the rest of which is temporaries; None where
+    it could not be measured), and the memory this host has per rank: what was available
+    plus what the calibration's own ranks held, shared by as many ranks as it ran here."""
+    from sparkddl.data.reader import queue_depth
+    from sparkddl.train.feed import AHEAD
+
+    module = build_module(spec.model_factory).to(dev)
+    params = list(module.parameters())
+    opt = spec.optimizer.build(params, spec.config.learning_rate)
+    acts = memory.activation_bytes(lambda: spec.loss(module(*inputs), label), params)
+    opt.zero_grad(set_to_none=True)
+    spec.loss(module(*inputs), label).backward()
+    opt.step()
+    plan = spec.plan
+    row_bytes = sum(c.nbytes for c in plan.columns)
+    group_bytes = max(plan.row_groups, default=0) * row_bytes
+    threads = 1 if plan.stride else max(1, min(plan.reader_workers,
+                                               len(plan.row_groups) // plan.world))
+    out = {"runtime_bytes": runtime,
+           "param_bytes": memory.tensor_bytes(params),
+           "model_bytes": memory.tensor_bytes([*params, *module.buffers()]),
+           "grad_bytes": memory.tensor_bytes([p for p in params if p.requires_grad]),
+           "optimizer_bytes": memory.optimizer_bytes(opt),
+           "activation_bytes": acts,
+           "step_growth_bytes": grown, "device": dev.type,
+           "checkpoint_every": spec.config.checkpoint_every,
+           "reader_bytes": threads * (queue_depth(plan) + 1) * group_bytes
+           + (AHEAD + 2) * plan.batch_size * row_bytes,
+           "fsdp_units": {str(m): memory.unit_bytes(module, m) for m in (1_000_000,)}}
+    host = rss.available_bytes()
+    out["available_bytes"] = (host + local_ranks * runtime) // max(1, local_ranks) if host else 0
+    held = out["param_bytes"] + out["grad_bytes"] + out["optimizer_bytes"] + acts
+    out["temporary_bytes"] = max(0, grown - held) if grown is not None else 0
     return out
 
 

@@ -19,7 +19,7 @@ from sparkddl.channel import protocol
 from sparkddl.channel.messages import Epoch, Progress, Snapshot
 from sparkddl.data.reader import epoch_batches
 from sparkddl.store import Store
-from sparkddl.task import context
+from sparkddl.task import context, rss
 from sparkddl.task.dist import device, init_process_group
 from sparkddl.errors import NonFiniteLossError
 from sparkddl.train import optimization, resume
@@ -37,6 +37,7 @@ class _Run:
         import torch
         self.spec, self.ctx = spec, context.current()
         cfg = spec.config
+        rss.reset_peak()  # a reused Python worker's peak is an earlier task's
         init_process_group()
         self.dev = device()
         self.pos = resume.Position()
@@ -180,7 +181,8 @@ def _epoch(run: _Run, epoch: int) -> tuple[dict[str, Any], bool]:
            **{f"train_{k}": sums[3 + i].item() / count for i, k in enumerate(spec.metrics)},
            "lr": lr,
            "samples_per_sec": sums[1].item() * (1 - skip / spec.plan.steps_per_epoch) / elapsed,
-           "epoch_time_s": elapsed, "data_wait_s": batches.wait_s, **comm, "attempt": ctx.attempt}
+           "epoch_time_s": elapsed, "data_wait_s": batches.wait_s, **comm, "attempt": ctx.attempt,
+           "peak_rss_MB": rss.peak_rss_bytes() / 1e6}
     if spec.config.on_non_finite_loss == "skip_batch":
         row["skipped_batches"] = run.skipped
     return row, sums[2].item() > 0

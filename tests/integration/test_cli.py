@@ -132,15 +132,33 @@ def test_debug_shows_the_traceback(tmp_path, capsys):
 @pytest.mark.timeout(300)
 def test_plan_calibrates_and_predicts_every_strategy(spark_local, tmp_path, capsys):
     assert main(["plan", PRESET, "--workers", "1,2,8", *outputs(tmp_path)]) == 0
-    printed = capsys.readouterr().out
-    rows = [ln for ln in printed.splitlines() if ln.startswith("| ") and "strategy" not in ln]
-    strategies = {ln.split("|")[1].strip() for ln in rows}
+    printed, mem_printed = capsys.readouterr().out.split("Peak memory per rank")
+
+    def table_rows(text):
+        return [ln.split("|")[1:-1] for ln in text.splitlines()
+                if ln.startswith("| ") and "strategy" not in ln]
+
+    rows = table_rows(printed)
+    strategies = {r[0].strip() for r in rows}
     assert {"allreduce", "powersgd", "local_sgd", "gossip", "ssp"} <= strategies
     assert len(rows) == 3 * len(strategies)
-    assert all(ln.split("|")[-2].strip() in ("compute", "communication", "input") for ln in rows)
+    assert all(r[-1].strip() in ("compute", "communication", "input") for r in rows)
+    mem = table_rows(mem_printed)  # every strategy and fsdp, for 1, 2 and 8 workers
+    assert {r[0].strip() for r in mem} == strategies | {"fsdp"}
+    assert len(mem) == 3 * (len(strategies) + 1)
+    number = lambda cell: float(cell.replace(",", ""))  # noqa: E731
+    for r in mem:  # peak = the parts; a digits MLP fits a rank of this machine
+        runtime, model, acts, temps, extra, reader, epoch_end = map(number, r[3:10])
+        assert number(r[2]) == pytest.approx(
+            runtime + model + extra + reader + max(acts + temps, epoch_end), abs=3)
+        assert runtime > 100 and r[-1].strip() == "yes"
     [plan_dir] = [p for p in (tmp_path / "out").iterdir() if p.name.startswith("plan-")]
     assert (plan_dir / "speedup.png").read_bytes().startswith(b"\x89PNG")
-    assert '"predictions"' in (plan_dir / "plan.json").read_text()
+    saved = json.loads((plan_dir / "plan.json").read_text())
+    assert saved["predictions"] and len(saved["memory"]) == len(mem)
+    measured = saved["calibration"]["memory"]
+    assert measured["param_bytes"] == measured["grad_bytes"] > 0
+    assert measured["optimizer_bytes"] > 0 and measured["activation_bytes"] > 0
 
 
 def test_plan_rejects_bad_worker_counts(capsys):

@@ -19,7 +19,7 @@ from tests.integration.digits import accuracy, digits_df, mlp
 
 HISTORY_KEYS = {"epoch", "train_loss", "train_accuracy", "val_loss", "val_accuracy",
                 "samples_per_sec", "epoch_time_s", "data_wait_s", "comm_bytes", "comm_calls",
-                "attempt"}
+                "attempt", "peak_rss_MB"}
 
 
 def estimator(store, **params) -> TorchEstimator:
@@ -48,6 +48,7 @@ def test_digits_on_two_workers_and_on_one_with_the_same_global_batch(digits, tmp
     assert [r["epoch"] for r in two.history] == list(range(1, 26))
     assert all(HISTORY_KEYS <= set(r) for r in two.history)
     assert all(r["samples_per_sec"] > 0 and r["comm_bytes"] > 0 for r in two.history)
+    assert all(r["peak_rss_MB"] > 100 for r in two.history)  # a rank that imported torch
     assert all(0 < r["data_wait_s"] < r["epoch_time_s"] for r in two.history)
     assert two.historyDataFrame().count() == 25
     assert two.task == "multiclass" and two.steps_per_rank[0] == two.steps_per_rank[1]

@@ -75,3 +75,113 @@ def test_one_worker_uses_the_step_measured_alone():
     m = Model(cal)
     assert m.predict("allreduce", 1, 100_000).compute_s == pytest.approx(0.08)
     assert m.predict("allreduce", 2, 100_000).compute_s == pytest.approx(0.1)
+
+
+# ---- memory ----
+
+def test_activation_bytes_counts_what_autograd_saves_once_and_not_the_weights():
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    from sparkddl.perfmodel.memory import activation_bytes
+    model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 10))
+    x = torch.randn(32, 64)
+    got = activation_bytes(lambda: model(x), list(model.parameters()))
+    # the input (saved by the first Linear), ReLU's output (saved by ReLU and by the second
+    # Linear: one buffer) and the output; the pre-activation is not kept
+    assert got == (32 * 64 + 32 * 128 + 32 * 10) * 4
+    with torch.no_grad():  # nothing is saved for backward
+        assert activation_bytes(lambda: model(x), list(model.parameters())) == 32 * 10 * 4
+
+
+def test_optimizer_and_unit_bytes_are_measured_on_the_real_objects():
+    torch = pytest.importorskip("torch")
+    from torch import nn
+
+    from sparkddl.perfmodel.memory import optimizer_bytes, unit_bytes
+    model = nn.Sequential(nn.Linear(1000, 1000), nn.ReLU(), nn.Linear(1000, 10))
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(4, 1000)).sum().backward()
+    opt.step()
+    n_params = sum(p.numel() for p in model.parameters())
+    # exp_avg and exp_avg_sq per parameter (+ a scalar step count each)
+    assert optimizer_bytes(opt) == 2 * 4 * n_params + 4 * len(list(model.parameters()))
+    # fsdp's rule: the 1000x1000 layer (1,001,000 params) is a unit; the root keeps the rest
+    assert unit_bytes(model, 1_000_000) == [1_001_000 * 4, 10_010 * 4]
+
+
+def footprint(params_mb: float, acts_mb: float = 10.0, checkpoint_every: int = 0) -> dict:
+    p = int(params_mb * 1e6)
+    return {"runtime_bytes": 300e6, "param_bytes": p, "model_bytes": p, "grad_bytes": p,
+            "optimizer_bytes": 2 * p, "activation_bytes": acts_mb * 1e6,
+            "temporary_bytes": p, "reader_bytes": 5e6, "checkpoint_every": checkpoint_every,
+            "fsdp_units": {"1000000": [p // 4] * 4}, "available_bytes": 8e9}
+
+
+def parts(m) -> float:
+    """What a prediction's peak is made of."""
+    return (m.runtime_MB + m.model_MB + m.strategy_MB + m.reader_MB
+            + max(m.activations_MB + m.temporaries_MB, m.checkpoint_MB))
+
+
+def test_memory_prediction_adds_the_parts_and_prices_each_strategy():
+    from sparkddl.perfmodel.memory import predict
+    fp = footprint(400)
+    ar = predict(fp, "allreduce", "allreduce", {}, 2)
+    assert ar.peak_MB == pytest.approx(parts(ar))
+    assert ar.model_MB == pytest.approx(4 * 400)  # parameters, gradients, Adam's two moments
+    assert ar.strategy_MB == pytest.approx(400)  # gradient buckets
+    # without checkpoints the epoch's end is the snapshot serialized (800), above the step
+    assert ar.peak_MB == pytest.approx(300 + 1600 + 400 + 5 + 800)
+    topk = predict(fp, "topk", "allreduce", {"compression": "topk"}, 2)
+    assert topk.strategy_MB == pytest.approx(800)  # buckets + error-feedback residuals
+    ssp2, ssp8 = (predict(fp, "ssp", "ssp", {}, n) for n in (2, 8))
+    assert ssp8.peak_MB > ssp2.peak_MB > ar.peak_MB  # rank 0 serves every worker
+    ring, expo = (predict(fp, "g", "gossip", {"topology": t}, 16) for t in ("ring", "exponential"))
+    assert expo.strategy_MB > ring.strategy_MB
+
+
+def test_checkpoints_gather_every_ranks_state_on_rank_0():
+    from sparkddl.perfmodel.memory import predict
+    fp = footprint(400, checkpoint_every=1)
+    plain = predict(fp, "allreduce", "allreduce", {}, 8)
+    # the model and Adam's state serialized: 2 x (400 + 800), above the step's 410
+    assert plain.checkpoint_MB == pytest.approx(2400) and plain.peak_MB == pytest.approx(parts(plain))
+    # top-k's residuals (400 per rank) gathered, read back and serialized: (4n + 3) x 400
+    topk = [predict(fp, "topk", "allreduce", {"compression": "topk"}, n) for n in (2, 8)]
+    assert topk[0].checkpoint_MB == pytest.approx(2400 + 11 * 400)
+    assert topk[1].checkpoint_MB == pytest.approx(2400 + 35 * 400)
+    assert predict(footprint(400), "topk", "allreduce", {"compression": "topk"},
+                   8).checkpoint_MB == pytest.approx(800)  # no checkpoints: the snapshot
+
+
+def test_fsdp_shards_the_model_but_rank_0_gathers_it_whole_at_epoch_ends():
+    from sparkddl.perfmodel.memory import predict
+    fp = footprint(400)
+    full = predict(fp, "allreduce", "allreduce", {}, 8)
+    sharded = [predict(fp, "fsdp", "fsdp", {}, n) for n in (2, 4, 8)]
+    assert all(a.peak_MB > b.peak_MB for a, b in zip(sharded, sharded[1:]))
+    assert sharded[-1].peak_MB < 0.7 * full.peak_MB
+    # 8 ranks: shards of parameters, gradients, Adam (1600/8) + the root and the largest
+    # other unit (100 MB each) gathered with their gradients (400); the epoch's end (the
+    # whole model gathered to rank 0 and serialized: 1200) outweighs the step (410)
+    steady = sharded[-1]
+    assert steady.model_MB == pytest.approx(600) and steady.checkpoint_MB == pytest.approx(1200)
+    assert steady.peak_MB == pytest.approx(parts(steady))
+    assert predict(fp, "fsdp", "fsdp", {}, 1).model_MB == pytest.approx(4 * 400)
+    # checkpoints gather the full model and optimizer state on rank 0 too: no saving there
+    ckpt, ar = (predict(footprint(400, checkpoint_every=1), s, s, {}, 8)
+                for s in ("fsdp", "allreduce"))
+    assert ckpt.checkpoint_MB == pytest.approx(3 * 1200) and ckpt.peak_MB > 0.9 * ar.peak_MB
+
+
+def test_memory_table_says_whether_it_fits_and_leaves_gpus_open():
+    from sparkddl.perfmodel.memory import predict, table
+    small, huge = footprint(10), footprint(3000)
+    text = table([predict(small, "allreduce", "allreduce", {}, 2),
+                  predict(huge, "allreduce", "allreduce", {}, 2)])
+    assert "| allreduce | 2 |" in text and "| yes |" in text and "| **no** |" in text
+    gpu = predict({**huge, "device": "cuda"}, "allreduce", "allreduce", {}, 2)
+    assert gpu.fits is None and gpu.peak_MB == pytest.approx(
+        gpu.model_MB + gpu.strategy_MB + max(gpu.activations_MB + gpu.temporaries_MB,
+                                             gpu.checkpoint_MB))
