@@ -67,6 +67,22 @@ class ErrorFeedback(Codec):
     def __init__(self, comm: CommStats):
         super().__init__(comm)
         self.residual: dict[int, "torch.Tensor"] = {}
+        # reused per bucket: a fresh bucket-sized tensor every step costs its page faults
+        # (torch.abs into a new 19 MB tensor took 10 ms here, into a reused one 2.4 ms)
+        self.buffers: dict[Any, "torch.Tensor"] = {}
+
+    def buffer(self, name: str, keys: list[int], like: "torch.Tensor",
+               dtype: Any = None) -> "torch.Tensor":
+        """A tensor shaped like ``like`` (of ``dtype``), kept for this bucket and ``name``."""
+        import torch
+
+        key = (name, tuple(keys))
+        dtype = dtype or like.dtype
+        buf = self.buffers.get(key)
+        if buf is None or buf.shape != like.shape or buf.dtype != dtype \
+                or buf.device != like.device:
+            buf = self.buffers[key] = torch.empty(like.shape, dtype=dtype, device=like.device)
+        return buf
 
     def add_residual(self, flat: "torch.Tensor", keys: list[int],
                      shapes: list["torch.Size"]) -> None:
@@ -103,8 +119,10 @@ class TopK(ErrorFeedback):
 
         self.add_residual(flat, keys, shapes)
         k = max(1, int(flat.numel() * self.ratio))
-        index = top_k_indices(flat.abs(), k)
-        residual = flat.clone()
+        index = top_k_indices(torch.abs(flat, out=self.buffer("magnitude", keys, flat)), k)
+        # the residual's buffer is the one the last step's residual views: it was just
+        # added into flat, so it may be overwritten
+        residual = self.buffer("residual", keys, flat).copy_(flat)
         residual[index] = 0
         self.keep_residual(residual, keys, shapes)
         index_dtype = torch.int32 if flat.numel() < 2 ** 31 else torch.int64
@@ -137,11 +155,13 @@ class Sign(ErrorFeedback):
         import torch
 
         self.add_residual(flat, keys, shapes)
-        positive = flat >= 0
-        scale = flat.abs().mean().float()
-        # ±scale from the bits sent (torch.where with scalar tensors is 2.5x slower here)
-        sent = positive.to(flat.dtype).mul_(2 * scale).sub_(scale)
-        self.keep_residual(flat - sent, keys, shapes)
+        positive = torch.ge(flat, 0, out=self.buffer("positive", keys, flat, torch.bool))
+        scale = (torch.linalg.vector_norm(flat, 1) / flat.numel()).float()  # mean |x|
+        # what the bits do not carry: flat - (±scale) = flat + scale - 2 scale [x >= 0], in
+        # the buffer the last residual views (just added into flat); in place, no temporaries
+        residual = self.buffer("residual", keys, flat).copy_(positive)
+        residual.mul_(-2 * scale).add_(flat).add_(scale)
+        self.keep_residual(residual, keys, shapes)
         payload = torch.cat([pack_bits(positive), scale.reshape(1).view(torch.uint8)])
         n = flat.numel()
 
@@ -170,7 +190,12 @@ def top_k_indices(magnitude: "torch.Tensor", k: int) -> "torch.Tensor":
     picks = torch.randint(0, n, (SAMPLE,), generator=generator, device=magnitude.device)
     position = max(1, int(SAMPLE * (1 - 2 * k / n)))
     threshold = magnitude[picks].kthvalue(position).values
-    candidates = (magnitude >= threshold).nonzero().squeeze(1)
+    above = magnitude >= threshold
+    if above.device.type == "cpu":  # numpy's flatnonzero: 2 ms where nonzero took 6 here
+        import numpy as np
+        candidates = torch.from_numpy(np.flatnonzero(above.numpy()))
+    else:
+        candidates = above.nonzero().squeeze(1)
     if candidates.numel() < k:
         return magnitude.topk(k, sorted=False).indices
     return candidates[magnitude[candidates].topk(k, sorted=False).indices]
@@ -193,9 +218,15 @@ def signed_mean(packed: "torch.Tensor", scales: "torch.Tensor", n: int) -> "torc
 
 
 def pack_bits(mask: "torch.Tensor") -> "torch.Tensor":
-    """A 1-D bool tensor as uint8, eight entries per byte, first entry in the high bit."""
+    """A 1-D bool tensor as uint8, eight entries per byte, first entry in the high bit.
+    On the CPU numpy's packbits does it in one pass (4.7 M entries: 0.3 ms against 9.6 ms
+    for the shifts and sums below, which CUDA tensors keep)."""
     import torch
     import torch.nn.functional as F
+
+    if mask.device.type == "cpu":
+        import numpy as np
+        return torch.from_numpy(np.packbits(mask.contiguous().numpy()))
 
     bits = F.pad(mask.to(torch.uint8), (0, -mask.numel() % 8)).view(-1, 8)
     return (bits << _shifts(mask.device)).sum(1, dtype=torch.uint8)
