@@ -69,6 +69,14 @@ def write_results(name: str, rows: list[dict], columns: list[str], title: str,
     return md
 
 
+def digits(spark):
+    """scikit-learn's digits (scaled to 0..1) as a DataFrame of ``features``, ``label``."""
+    from sklearn.datasets import load_digits
+    x, y = load_digits(return_X_y=True)
+    rows = [((r / 16.0).tolist(), int(label)) for r, label in zip(x, y)]
+    return spark.createDataFrame(rows, "features array<float>, label int")
+
+
 def digits_parquet(path: Path, tiles: int = 112, noise: float = 0.05, files: int = 4,
                    seed: int = 0) -> int:
     """scikit-learn's digits (scaled to 0..1) tiled ``tiles`` times with Gaussian noise, written

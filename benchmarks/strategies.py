@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import local_spark, write_results  # noqa: E402
+from common import digits, local_spark, write_results  # noqa: E402
 
 STRATEGIES = {
     "allreduce": ("allreduce", {}),
@@ -30,13 +30,6 @@ STRATEGIES = {
     "gossip ring": ("gossip", {"topology": "ring"}),
     "ssp s=2": ("ssp", {"staleness": 2}),
 }
-
-
-def digits(spark):
-    from sklearn.datasets import load_digits
-    x, y = load_digits(return_X_y=True)
-    rows = [((r / 16.0).tolist(), int(label)) for r, label in zip(x, y)]
-    return spark.createDataFrame(rows, "features array<float>, label int")
 
 
 def wide(spark, rows: int = 20_000, dim: int = 256):

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, local_spark, md_table, write_results  # noqa: E402
+from common import RESULTS, digits, local_spark, md_table, write_results  # noqa: E402
 
 SEEDS = (0, 1, 2)
 MAIN = {
@@ -58,13 +58,6 @@ def sweep(thresholds: tuple[float, ...]) -> dict:
 SWEEPS = {"digits": sweep((0.01, 0.03, 0.3, 1.0, 3.0)),
           "blobs": sweep((0.3, 1.0, 3.0, 10.0, 30.0))}
 SWEEP_BASE = ("local_sgd p=8", "dynamic_averaging auto")
-
-
-def digits(spark):
-    from sklearn.datasets import load_digits
-    x, y = load_digits(return_X_y=True)
-    rows = [((r / 16.0).tolist(), int(label)) for r, label in zip(x, y)]
-    return spark.createDataFrame(rows, "features array<float>, label int")
 
 
 def blobs(spark):

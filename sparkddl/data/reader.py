@@ -117,9 +117,7 @@ def _prefetched(source: Source, plan: ShardPlan, rank: int, epoch: int
                 ) -> Generator[Chunk, None, None]:
     """Row groups read and decoded ahead by ``reader_workers`` threads, one sub-shard each,
     taken round-robin so the order does not depend on thread timing."""
-    # every sub-shard must hold a row group: Petastorm refuses more shards than row groups
-    parts = 1 if plan.stride else max(1, min(plan.reader_workers,
-                                             len(plan.row_groups) // plan.world))
+    parts = reader_threads(plan)
     stop = threading.Event()
     queues = [queue.Queue(queue_depth(plan)) for _ in range(parts)]
     threads = [threading.Thread(target=_fill, args=(source, plan, rank, epoch, k, parts, q, stop),
@@ -144,6 +142,13 @@ def _prefetched(source: Source, plan: ShardPlan, rank: int, epoch: int
             while not q.empty():
                 q.get_nowait()
         _join(threads, rank)
+
+
+def reader_threads(plan: ShardPlan) -> int:
+    """Reader threads (sub-shards) per rank: every sub-shard must hold a row group, since
+    Petastorm refuses more shards than row groups; one where rows are strided."""
+    return 1 if plan.stride else max(1, min(plan.reader_workers,
+                                            len(plan.row_groups) // plan.world))
 
 
 def queue_depth(plan: ShardPlan) -> int:

@@ -95,7 +95,8 @@ def _footprint(spec: TrainSpec, dev: Any, inputs: list[Any], label: Any, runtime
     measured peak growth of the local steps (the rest of which is temporaries; None where
     it could not be measured), and the memory this host has per rank: what was available
     plus what the calibration's own ranks held, shared by as many ranks as it ran here."""
-    from sparkddl.data.reader import queue_depth
+    from sparkddl.data.reader import queue_depth, reader_threads
+    from sparkddl.strategies.fsdp import FullyShardedDataParallel
     from sparkddl.train.feed import AHEAD
 
     module = build_module(spec.model_factory).to(dev)
@@ -108,8 +109,6 @@ def _footprint(spec: TrainSpec, dev: Any, inputs: list[Any], label: Any, runtime
     plan = spec.plan
     row_bytes = sum(c.nbytes for c in plan.columns)
     group_bytes = max(plan.row_groups, default=0) * row_bytes
-    threads = 1 if plan.stride else max(1, min(plan.reader_workers,
-                                               len(plan.row_groups) // plan.world))
     out = {"runtime_bytes": runtime,
            "param_bytes": memory.tensor_bytes(params),
            "model_bytes": memory.tensor_bytes([*params, *module.buffers()]),
@@ -118,9 +117,11 @@ def _footprint(spec: TrainSpec, dev: Any, inputs: list[Any], label: Any, runtime
            "activation_bytes": acts,
            "step_growth_bytes": grown, "device": dev.type,
            "checkpoint_every": spec.config.checkpoint_every,
-           "reader_bytes": threads * (queue_depth(plan) + 1) * group_bytes
+           "reader_bytes": reader_threads(plan) * (queue_depth(plan) + 1) * group_bytes
            + (AHEAD + 2) * plan.batch_size * row_bytes,
-           "fsdp_units": {str(m): memory.unit_bytes(module, m) for m in (1_000_000,)}}
+           # fsdp's units at its default min_params (other values fall back to one unit)
+           "fsdp_units": {str(m): memory.unit_bytes(module, m)
+                          for m in (FullyShardedDataParallel.OPTIONS["min_params"],)}}
     host = rss.available_bytes()
     out["available_bytes"] = (host + local_ranks * runtime) // max(1, local_ranks) if host else 0
     held = out["param_bytes"] + out["grad_bytes"] + out["optimizer_bytes"] + acts

@@ -72,7 +72,8 @@ class MemoryPrediction:
 # ---- measuring (on the ranks, in the calibration stage) ----
 
 def tensor_bytes(tensors: Any) -> int:
-    return sum(t.numel() * t.element_size() for t in tensors)
+    from sparkddl.strategies.comm import tensor_bytes as one
+    return sum(map(one, tensors))
 
 
 def optimizer_bytes(optimizer: Any) -> int:
@@ -136,7 +137,9 @@ def predict(fp: dict[str, Any], label: str, name: str, options: dict[str, Any],
     # at an epoch's end rank 0 serializes the snapshot (and the checkpoint, if on)
     snapshot, checkpoint = 2 * model, 2 * (model + optim)
     if name == "fsdp" and n > 1:
-        units = fp["fsdp_units"].get(str(options.get("min_params", 1_000_000))) or [params]
+        from sparkddl.strategies.fsdp import FullyShardedDataParallel
+        min_params = options.get("min_params", FullyShardedDataParallel.OPTIONS["min_params"])
+        units = fp["fsdp_units"].get(str(min_params)) or [params]
         root, others = units[-1], units[:-1] or [0]
         held = held / n + 2 * (root + max(others))  # shards, and units gathered with grads
         # the full model (and optimizer state) gathered to rank 0, then serialized

@@ -147,7 +147,8 @@ def test_checkpoints_gather_every_ranks_state_on_rank_0():
     fp = footprint(400, checkpoint_every=1)
     plain = predict(fp, "allreduce", "allreduce", {}, 8)
     # the model and Adam's state serialized: 2 x (400 + 800), above the step's 410
-    assert plain.checkpoint_MB == pytest.approx(2400) and plain.peak_MB == pytest.approx(parts(plain))
+    assert plain.checkpoint_MB == pytest.approx(2400)
+    assert plain.peak_MB == pytest.approx(parts(plain))
     # top-k's residuals (400 per rank) gathered, read back and serialized: (4n + 3) x 400
     topk = [predict(fp, "topk", "allreduce", {"compression": "topk"}, n) for n in (2, 8)]
     assert topk[0].checkpoint_MB == pytest.approx(2400 + 11 * 400)
