@@ -7,8 +7,11 @@ gradient is one flat float32 bucket the size of the ``wide`` model of
 rank: allreduce of the bucket; the top-k (1 %) and sign codecs' ``exchange`` as the
 strategies call it (encode, all-gather, decode; error feedback included); and the same two
 with the earlier selection and decode (``topk`` over the whole bucket; every sign bit
-unpacked and summed with ``torch.where``), kept here as the reference. Each step starts after
-a barrier; the median over the timed steps of rank 0.
+unpacked and summed with ``torch.where``), kept here as the reference. The bucket is one
+tensor refilled every step, as DDP's bucket is for its communication hook (the default,
+``overlap``), and its refill is not timed. The exchanges take turns step by step, so a slow
+spell of the host hits all of them; each step starts after a barrier; the median over the
+timed steps of rank 0.
 """
 from __future__ import annotations
 
@@ -22,24 +25,25 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import spawn_ranks, write_results  # noqa: E402
 
 ENTRIES = 256 * 2048 + 2048 + 2048 * 2048 + 2048 + 2048 * 10 + 10  # the wide MLP
-WARMUP, STEPS = 2, 8
+WARMUP, STEPS = 3, 30
 
 
-def _earlier(monkey: Any) -> None:
-    """The codecs as they were: topk over the whole bucket; every bit unpacked for sign."""
+def _earlier() -> dict:
+    """The codecs' functions as they were: topk over the whole bucket; every bit unpacked
+    for sign."""
     import torch
 
     from sparkddl.strategies import compression as c
 
-    def topk(magnitude, k):
+    def topk(magnitude, k, above=None):
         return magnitude.topk(k, sorted=False).indices
 
-    def signed_mean(packed, scales, n):
-        signs = c.unpack_bits(packed, n)
-        return torch.where(signs, scales, -scales).sum(0) / len(packed)
+    def signed_mean(packed, scales, out):
+        negative = c.unpack_bits(packed, out.numel())
+        scales = scales.unsqueeze(1)
+        return out.copy_(torch.where(negative, -scales, scales).sum(0) / len(packed))
 
-    monkey["top_k_indices"], monkey["signed_mean"] = c.top_k_indices, c.signed_mean
-    c.top_k_indices, c.signed_mean = topk, signed_mean
+    return {"top_k_indices": topk, "signed_mean": signed_mean}
 
 
 def measure(entries: int, warmup: int, steps: int) -> dict:
@@ -52,40 +56,36 @@ def measure(entries: int, warmup: int, steps: int) -> dict:
     torch.manual_seed(dist.get_rank())
     grad = torch.randn(entries)
     shapes, keys = [grad.shape], [0]
+    bucket = torch.empty_like(grad)  # as DDP's bucket: the same tensor every step
+    earlier, now = _earlier(), {name: getattr(c, name) for name in _earlier()}
 
-    def allreduce():
-        dist.all_reduce(grad.clone())
+    def run(make_codec, functions):
+        codec = make_codec()
 
-    def codec(make):
-        state = make()
-        return lambda: state.exchange(grad.clone(), keys, shapes).wait()
+        def step(flat):
+            vars(c).update(functions)  # the selection and decode of this version
+            try:
+                return codec.exchange(flat, keys, shapes).wait()
+            finally:
+                vars(c).update(now)
+        return step
 
-    runs = {"allreduce": lambda: allreduce,
-            "topk 1%": lambda: codec(lambda: c.TopK(CommStats(), 0.01)),
-            "sign": lambda: codec(lambda: c.Sign(CommStats()))}
-    out: dict[str, float] = {}
-    for version in ("now", "earlier"):
-        saved: dict[str, Any] = {}
-        if version == "earlier":
-            _earlier(saved)
-        try:
-            for name, build in runs.items():
-                if version == "earlier" and name == "allreduce":
-                    continue
-                step = build()
-                times = []
-                for i in range(warmup + steps):
-                    dist.barrier()
-                    started = time.perf_counter()
-                    step()
-                    if i >= warmup:
-                        times.append(time.perf_counter() - started)
-                key = name if version == "now" else f"{name} (earlier)"
-                out[key] = statistics.median(times) * 1e3
-        finally:
-            for k, v in saved.items():
-                setattr(c, k, v)
-    return out
+    exchanges = {"allreduce": lambda flat: dist.all_reduce(flat),
+                 "topk 1%": run(lambda: c.TopK(CommStats(), 0.01), now),
+                 "sign": run(lambda: c.Sign(CommStats()), now),
+                 "topk 1% (earlier)": run(lambda: c.TopK(CommStats(), 0.01), earlier),
+                 "sign (earlier)": run(lambda: c.Sign(CommStats()), earlier)}
+    # interleaved, step by step: a slow spell of the host hits every exchange alike
+    times: dict[str, list[float]] = {name: [] for name in exchanges}
+    for i in range(warmup + steps):
+        for name, exchange in exchanges.items():
+            bucket.copy_(grad)  # this step's gradient (not timed)
+            dist.barrier()
+            started = time.perf_counter()
+            exchange(bucket)
+            if i >= warmup:
+                times[name].append(time.perf_counter() - started)
+    return {key: statistics.median(t) * 1e3 for key, t in times.items()}
 
 
 def main() -> None:

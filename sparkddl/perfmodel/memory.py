@@ -12,8 +12,9 @@ state, ``n`` = workers)::
 
     allreduce            + G   gradient buckets (DDP's, or the flattened ones without overlap)
       fp16 / bf16        + G/2 half-precision copies of the buckets
-      powersgd, topk,    + G   error-feedback residuals; top-k also keeps the magnitudes
-      sign                     (+ G), sign its mask (+ G/4)
+      powersgd           + G   error-feedback residuals
+      topk, sign         + 1.25 G  the residuals (the gradient plus the residual is built in
+                               them) and a bit mask (G/4): candidates, or the signs
     local_sgd            + M   the flattened model while it is averaged
     dynamic_averaging    + 2M  the reference model and the flattened average
     gossip               + M (1 + peers) + bucket (2 + peers)   sent and received models
@@ -146,7 +147,7 @@ def predict(fp: dict[str, Any], label: str, name: str, options: dict[str, Any],
         snapshot, checkpoint = 3 * model, 3 * (model + optim)
     elif name == "allreduce":
         compression = options.get("compression", "none")
-        extra = grads * {"fp16": 1.5, "bf16": 1.5, "powersgd": 2.0, "topk": 3.0,
+        extra = grads * {"fp16": 1.5, "bf16": 1.5, "powersgd": 2.0, "topk": 2.25,
                          "sign": 2.25}.get(compression, 1.0)
         state = grads if compression in ("powersgd", "topk", "sign") else 0.0
     elif name == "local_sgd":

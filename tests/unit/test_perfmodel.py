@@ -134,8 +134,8 @@ def test_memory_prediction_adds_the_parts_and_prices_each_strategy():
     # without checkpoints the epoch's end is the snapshot serialized (800), above the step
     assert ar.peak_MB == pytest.approx(300 + 1600 + 400 + 5 + 800)
     topk = predict(fp, "topk", "allreduce", {"compression": "topk"}, 2)
-    # buckets + error-feedback residuals + the magnitudes' buffer
-    assert topk.strategy_MB == pytest.approx(1200)
+    # buckets + error-feedback residuals + the candidates' mask
+    assert topk.strategy_MB == pytest.approx(900)
     ssp2, ssp8 = (predict(fp, "ssp", "ssp", {}, n) for n in (2, 8))
     assert ssp8.peak_MB > ssp2.peak_MB > ar.peak_MB  # rank 0 serves every worker
     ring, expo = (predict(fp, "g", "gossip", {"topology": t}, 16) for t in ("ring", "exponential"))

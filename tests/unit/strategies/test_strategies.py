@@ -336,26 +336,112 @@ def test_fast_top_k_finds_the_same_entries_as_topk():
     from sparkddl.strategies.compression import SAMPLE, top_k_indices
     torch.manual_seed(0)
     for n, k in ((5 * SAMPLE, 1), (5 * SAMPLE, 3277), (1_000_000, 10_000), (100, 7)):
-        magnitude = torch.randn(n).abs()
-        got = top_k_indices(magnitude, k)
-        assert got.numel() == k and got.unique().numel() == k
-        want = magnitude.topk(k).values
-        assert torch.equal(magnitude[got].sort(descending=True).values, want)
+        for dtype in (torch.float32, torch.bfloat16):  # numpy's chunks, and torch's path
+            x = torch.randn(n).to(dtype)
+            got = top_k_indices(x, k)
+            assert got.numel() == k and got.unique().numel() == k
+            want = x.abs().topk(k).values
+            assert torch.equal(x[got].abs().sort(descending=True).values, want)
     # a bucket where the sample misjudges (one huge spike among many equal values): still k
-    skewed = torch.ones(5 * SAMPLE)
-    skewed[123] = 1e9
+    skewed = -torch.ones(5 * SAMPLE)
+    skewed[123] = -1e9
     got = top_k_indices(skewed, 5)
     assert got.numel() == 5 and 123 in got.tolist()
 
 
+def test_sign_encoding_in_chunks_and_whole_agree_with_the_definition():
+    from sparkddl.strategies.compression import (CHUNK, sign_and_mean_magnitude,
+                                                 subtract_signed)
+    x = torch.randn(3 * CHUNK + 5)  # chunks and a short tail
+    x[7] = -0.0
+    for dtype in (torch.float32, torch.float64, torch.bfloat16):  # numpy's chunks; torch
+        y = x.to(dtype, copy=True)  # subtract_signed works in place
+        negative = torch.zeros(y.shape, dtype=torch.bool)
+        scale = sign_and_mean_magnitude(y, negative)
+        assert torch.equal(negative, y.signbit()) and negative[7]
+        assert scale == pytest.approx(y.double().abs().mean().item(), rel=1e-5)
+        signed = torch.tensor(scale, dtype=dtype)
+        want = y - torch.where(y.signbit(), -signed, signed)
+        subtract_signed(y, scale)
+        torch.testing.assert_close(y, want, rtol=0, atol=0)
+
+
 def test_signed_mean_from_packed_bytes_matches_unpacking_every_bit():
     from sparkddl.strategies.compression import signed_mean
-    n = 1001  # not a multiple of 8: the last byte is padded
-    masks = torch.rand(3, n) > 0.5
-    packed = torch.stack([pack_bits(m) for m in masks])
-    scales = torch.tensor([[0.5], [0.25], [2.0]])
-    want = torch.where(masks, scales, -scales).sum(0) / 3
-    assert torch.allclose(signed_mean(packed, scales, n), want, atol=1e-6)
+    for world in (1, 2, 3, 4):  # a pair's table, and a rank left over
+        for n in (1001, 1000):  # the last byte padded, or not
+            negative = torch.rand(world, n) > 0.5
+            packed = torch.stack([pack_bits(m) for m in negative])
+            scales = torch.tensor([0.5, 0.25, 2.0, 1.5])[:world]
+            want = torch.where(negative, -scales.unsqueeze(1), scales.unsqueeze(1)).mean(0)
+            got = signed_mean(packed, scales, torch.full((n,), float("nan")))
+            torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+
+
+def _codecs_step_by_step(rank: int, world: int) -> dict:
+    """Top-k and sign on one rank, six steps, against their definitions: each step's
+    gradient plus the residual is sent as its top 1 % (or as ``±mean |x|``) and the rest is
+    kept. Steps 2-3 use another bucket layout (as after DDP's rebuild), and steps 4-5 a
+    fresh codec loaded from a checkpoint of the residual."""
+    from sparkddl.strategies.compression import SAMPLE, Sign, TopK
+
+    shapes = [torch.Size([5 * SAMPLE // 8, 8]), torch.Size([1001])]  # fast top-k; odd sizes
+    sizes = [s.numel() for s in shapes]
+    layouts = {0: [[0, 1]], 2: [[1], [0]], 4: [[0, 1]]}
+    gen = torch.Generator().manual_seed(3)
+    out = {}
+    for name, make in (("topk", lambda: TopK(strategies.CommStats(), 0.01)),
+                       ("sign", lambda: Sign(strategies.CommStats()))):
+        codec, residual, steps = make(), torch.zeros(sum(sizes)), []
+        buckets = layouts[0]
+        for step in range(6):
+            if step == 4:
+                state = io.BytesIO()
+                torch.save(codec.state_dict(), state)
+                codec = make()
+                codec.load_state_dict(torch.load(io.BytesIO(state.getvalue())))
+            buckets = layouts.get(step, buckets)
+            grads = torch.randn(sum(sizes), generator=gen)
+            corrected = grads + residual
+            parts = dict(enumerate(corrected.split(sizes)))
+            sent = {}
+            for keys in buckets:
+                x = torch.cat([parts[i] for i in keys])
+                if name == "topk":
+                    want = torch.zeros_like(x)
+                    top = x.abs().topk(int(x.numel() * 0.01)).indices
+                    want[top] = x[top]
+                else:
+                    want = torch.where(x.signbit(), -1.0, 1.0) * x.abs().mean()
+                in_place = codec._in_place(codec.buffer("residual", keys, x), keys,
+                                           [sizes[i] for i in keys])
+                got = codec.exchange(torch.cat([grads.split(sizes)[i] for i in keys]), keys,
+                                     [shapes[i] for i in keys]).wait()
+                steps.append({"step": step, "in_place": in_place,
+                              "error": (got - want).abs().max().item()})
+                sent.update(zip(keys, want.split([sizes[i] for i in keys])))
+            residual = corrected - torch.cat([sent[i] for i in range(len(sizes))])
+            kept = torch.cat([codec.residual[i].reshape(-1) for i in range(len(sizes))])
+            steps[-1]["residual_error"] = (kept - residual).abs().max().item()
+        out[name] = steps
+    return out
+
+
+@pytest.fixture(scope="module")
+def codec_steps():
+    return run_ranks(_codecs_step_by_step, world_size=1, timeout_s=SPAWN_TIMEOUT_S)[0]
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+@pytest.mark.parametrize("name", ["topk", "sign"])
+def test_codecs_send_their_definition_and_keep_the_rest(codec_steps, name):
+    steps = codec_steps[name]
+    assert all(s["error"] < 1e-5 for s in steps), steps
+    assert all(s["residual_error"] < 1e-5 for s in steps if "residual_error" in s), steps
+    # the residual is built in place from the second step of a layout on; a new layout and
+    # a loaded checkpoint gather it once
+    assert [s["in_place"] for s in steps] == [False, True, False, False, True, True,
+                                              False, True], steps
 
 
 # ---- bytes per epoch ----
