@@ -19,7 +19,6 @@ import statistics
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import spawn_ranks, write_results  # noqa: E402
