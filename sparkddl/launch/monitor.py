@@ -65,6 +65,7 @@ class StageMonitor:
         self._rendezvous: dict | None = None
         self._partial: dict[tuple[int, str], list[str]] = {}
         self._lock = threading.Lock()
+        self._finished = threading.Condition(self._lock)  # a rank's "done" or its closing
         self.beats: dict[int, Beat] = {}
         self._first_beat: float | None = None
         self.done: set[int] = set()  # ranks that finished their function
@@ -75,6 +76,18 @@ class StageMonitor:
             m.Heartbeat: [self._beat], m.Done: [self._done]}
         for kind, handler in (handlers or {}).items():
             self.table.setdefault(kind, []).append(handler)
+
+    def wait_finished(self, world: int, timeout_s: float) -> list[int]:
+        """Wait until every rank's "done" (its last frame) or the end of its connection has
+        been handled, at most ``timeout_s``; the ranks still missing then."""
+        deadline = time.monotonic() + timeout_s
+        with self._finished:
+            while True:
+                missing = [r for r in range(world) if r not in self.done and r not in self.closed]
+                left = deadline - time.monotonic()
+                if not missing or left <= 0:
+                    return missing
+                self._finished.wait(left)
 
     def died_silently(self, before: float) -> list[int]:
         """Ranks whose connection closed before ``before`` without a "done" or a failure
@@ -106,10 +119,12 @@ class StageMonitor:
     def _closed(self, msg: Message, body: m.Closed) -> None:
         with self._lock:
             self.closed.setdefault(msg.rank, time.monotonic())
+            self._finished.notify_all()
 
     def _done(self, msg: Message, body: m.Done) -> None:
         with self._lock:
             self.done.add(msg.rank)
+            self._finished.notify_all()
 
     def _relay_rendezvous(self, msg: Message, body: m.Hello | m.Rendezvous) -> None:
         """Rank 0 reports its store's real port; every rank gets it, whenever it connects.

@@ -24,6 +24,9 @@ log = logging.getLogger(__name__)
 SILENT_RANK_GRACE_S = 3.0
 # how long to wait for Spark to wind the stage down after a cancel
 CANCEL_WAIT_S = 30.0
+# a finished stage: how long the driver waits for the frames its ranks sent last (a model
+# snapshot of many MB may still be on its way when Spark reports the tasks done)
+DRAIN_S = 30.0
 
 SpecFactory = Callable[[DriverChannel], TaskSpec]
 
@@ -115,7 +118,17 @@ def _run(sc: Any, spec: TaskSpec, monitor: StageMonitor, timeout_s: float | None
     if job.error is None and not reason:
         log.info("run %s: %d ranks finished in %.1fs", spec.run_id, spec.num_workers,
                  time.monotonic() - started)
-        return _replay(job.result or [], monitor) if spec.offline else job.result or []
+        if spec.offline:
+            return _replay(job.result or [], monitor)
+        # every rank's "done" is its last frame: once it is handled, so is all it sent before
+        # (closing the channel now would drop those still being read)
+        missing = monitor.wait_finished(spec.num_workers, DRAIN_S)
+        if missing:
+            log.warning("run %s: rank(s) %s finished, but their last messages did not reach "
+                        "the driver within %gs; results that depend on them (such as the last "
+                        "epoch's evaluation) may be missing", spec.run_id,
+                        ", ".join(map(str, missing)), DRAIN_S)
+        return job.result or []
     spark_error = _error_text(job.error)
     failures = ordered_failures(spark_error, list(monitor.failures.values()),
                                 monitor.died_silently(decided))

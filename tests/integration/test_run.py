@@ -272,3 +272,32 @@ def test_timeout_cancels_a_stuck_run(spark_local):
 
     with pytest.raises(TrainingFailedError, match=r"timed out after 5s"):
         sparkddl.run(stuck, num_workers=2, timeout=5, spark=spark_local)
+
+
+def post_two_epochs() -> None:
+    """Sends two rows and returns at once: the stage ends while the driver may still be
+    handling the first."""
+    from sparkddl.channel import messages
+    from sparkddl.task import context
+
+    for epoch in (1, 2):
+        context.current().channel.post(messages.Epoch(row={"epoch": epoch}))
+
+
+@pytest.mark.timeout(120)
+def test_every_frame_a_rank_sent_is_handled_before_the_stage_returns(spark_local):
+    """A large last snapshot was still being read when Spark reported the tasks done, and
+    closing the channel then dropped it (the last epoch went unevaluated)."""
+    from sparkddl.channel import messages
+    from sparkddl.launch.launcher import launch_ranks
+
+    seen = []
+
+    def slow(msg, body):
+        if body.row["epoch"] == 1:
+            time.sleep(2)  # as reading and handling a big frame would take
+        seen.append((msg.rank, body.row["epoch"]))
+
+    launch_ranks(spark_local.sparkContext, post_two_epochs, num_workers=2, run_id="drain",
+                 description="drain test", timeout_s=90, handlers={messages.Epoch: slow})
+    assert sorted(seen) == [(0, 1), (0, 2), (1, 1), (1, 2)]
