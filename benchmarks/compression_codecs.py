@@ -34,8 +34,8 @@ def _earlier() -> dict:
 
     from sparkddl.strategies import compression as c
 
-    def topk(magnitude, k, above=None):
-        return magnitude.topk(k, sorted=False).indices
+    def topk(x, k, above=None):
+        return x.abs().topk(k, sorted=False).indices
 
     def signed_mean(packed, scales, out):
         negative = c.unpack_bits(packed, out.numel())

@@ -14,7 +14,7 @@ state, ``n`` = workers)::
       fp16 / bf16        + G/2 half-precision copies of the buckets
       powersgd           + G   error-feedback residuals
       topk, sign         + 1.25 G  the residuals (the gradient plus the residual is built in
-                               them) and a bit mask (G/4): candidates, or the signs
+                               them) and a bool mask (G/4 for float32): candidates, or signs
     local_sgd            + M   the flattened model while it is averaged
     dynamic_averaging    + 2M  the reference model and the flattened average
     gossip               + M (1 + peers) + bucket (2 + peers)   sent and received models

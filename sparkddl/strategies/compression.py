@@ -73,7 +73,9 @@ class ErrorFeedback(Codec):
 
     def buffer(self, name: str, keys: list[int], like: "torch.Tensor",
                dtype: Any = None) -> "torch.Tensor":
-        """A tensor shaped like ``like`` (of ``dtype``), kept for this bucket and ``name``."""
+        """A tensor shaped like ``like`` (of ``dtype``), kept for this bucket and ``name``.
+        A new bucket layout (DDP rebuilds its buckets after the first step) frees the buffers
+        of the buckets it replaces; residuals still viewing them keep them alive until read."""
         import torch
 
         key = (name, tuple(keys))
@@ -81,6 +83,9 @@ class ErrorFeedback(Codec):
         buf = self.buffers.get(key)
         if buf is None or buf.shape != like.shape or buf.dtype != dtype \
                 or buf.device != like.device:
+            mine = set(keys)
+            for old in [k for k in self.buffers if k[1] != key[1] and mine.intersection(k[1])]:
+                del self.buffers[old]
             buf = self.buffers[key] = torch.empty(like.shape, dtype=dtype, device=like.device)
         return buf
 
@@ -114,6 +119,8 @@ class ErrorFeedback(Codec):
         """Whether each of ``keys``' residual is the part of ``acc`` it would fill."""
         address = acc.data_ptr()
         for key, size in zip(keys, sizes):
+            if not size:  # an empty tensor's view has no address to compare
+                continue
             kept = self.residual.get(key)
             if kept is None or kept.device != acc.device or kept.data_ptr() != address \
                     or kept.numel() != size:
@@ -191,8 +198,7 @@ class Sign(ErrorFeedback):
         subtract_signed(acc, scale)  # what the bits do not carry: acc - (±scale), in place
         self.keep_residual(acc, keys, shapes)
         # the scale first: at offset 0 of its row, where a float32 view of it may start
-        scale_bytes = torch.tensor([scale], dtype=torch.float32, device=flat.device)
-        payload = torch.cat([scale_bytes.view(torch.uint8), pack_bits(negative)])
+        payload = torch.cat([scale.reshape(1).view(torch.uint8), pack_bits(negative)])
 
         def decode(rows: "torch.Tensor") -> "torch.Tensor":
             scales = _column_bytes(rows, 0, SCALE_BYTES).view(torch.float32).reshape(-1)
@@ -225,51 +231,62 @@ def top_k_indices(x: "torch.Tensor", k: int,
     picks += torch.arange(0, SAMPLE * stride, stride, device=x.device)
     position = max(1, int(SAMPLE * (1 - 2 * k / n)))
     threshold = x.index_select(0, picks).abs_().kthvalue(position).values
+    # a bucket of mostly zeros (unused embeddings, dead units) gives 0: then the nonzero
+    # entries are the candidates, not the whole bucket
+    sparse = bool(threshold == 0)
     if above is None:
         above = torch.empty(x.shape, dtype=torch.bool, device=x.device)
     if _numpy_can(x):  # numpy, in chunks: no bucket-sized magnitudes; and flatnonzero 2 ms
         import numpy as np  # where nonzero took 6
+        compare = np.greater if sparse else np.greater_equal
         for part, mask, scratch in _chunks(x, above):
-            np.greater_equal(np.abs(part, out=scratch), threshold.item(), out=mask)
+            compare(np.abs(part, out=scratch), threshold.item(), out=mask)
         candidates = torch.from_numpy(np.flatnonzero(above.numpy()))
     else:
-        candidates = torch.ge(x.abs(), threshold, out=above).nonzero().squeeze(1)
+        compare = torch.gt if sparse else torch.ge
+        candidates = compare(x.abs(), threshold, out=above).nonzero().squeeze(1)
     if candidates.numel() < k:
+        if sparse:  # fewer nonzero entries than k: all of them, and zeros to make up k
+            zeros = above.logical_not().nonzero().squeeze(1)[:k - candidates.numel()]
+            return torch.cat([candidates.to(zeros.device), zeros])
         return x.abs().topk(k, sorted=False).indices
     # index_select: 0.1 ms where indexing with [] took 0.3 for the same entries
     chosen = x.index_select(0, candidates).abs_().topk(k, sorted=False).indices
     return candidates.index_select(0, chosen)
 
 
-def sign_and_mean_magnitude(x: "torch.Tensor", negative: "torch.Tensor") -> float:
+def sign_and_mean_magnitude(x: "torch.Tensor", negative: "torch.Tensor") -> "torch.Tensor":
     """Fill the bool tensor ``negative`` with ``x``'s sign bits (-0.0 counts as negative,
-    as in copysign) and return ``x``'s mean magnitude, summed in float32 whatever ``x``'s
-    type (no fp16 overflow). On the CPU in one pass of chunks that stay in cache (numpy's
-    signbit: 0.5 ms for 4.7 M entries where torch's took 2.6)."""
+    as in copysign) and return ``x``'s mean magnitude as a float32 scalar tensor on ``x``'s
+    device (what is sent; summed in float32 whatever ``x``'s type: no fp16 overflow). On
+    the CPU in one pass of chunks that stay in cache (numpy's signbit: 0.5 ms for 4.7 M
+    entries where torch's took 2.6); elsewhere without a sync with the host."""
     import torch
 
     if not _numpy_can(x):
         torch.signbit(x, out=negative)
-        return x.abs().sum(dtype=torch.float32).item() / x.numel()
+        return x.abs().sum(dtype=torch.float32).div_(x.numel())
     import numpy as np
     total = 0.0
     for part, mask, scratch in _chunks(x, negative):
         np.signbit(part, out=mask)
         total += float(np.abs(part, out=scratch).sum(dtype=np.float32))
-    return total / x.numel()
+    return torch.tensor(total / x.numel(), dtype=torch.float32)
 
 
-def subtract_signed(x: "torch.Tensor", scale: float) -> None:
-    """``x -= copysign(scale, x)``, in place (on the CPU chunk by chunk: no bucket-sized
+def subtract_signed(x: "torch.Tensor", scale: "torch.Tensor") -> None:
+    """``x -= copysign(scale, x)`` in place, with ``scale`` (a float32 scalar tensor) in
+    ``x``'s type as the decode will have it (on the CPU chunk by chunk: no bucket-sized
     temporary)."""
     import torch
 
     if not _numpy_can(x):
-        x.sub_(torch.copysign(torch.tensor(scale, dtype=x.dtype, device=x.device), x))
+        x.sub_(torch.copysign(scale.to(x.dtype), x))
         return
     import numpy as np
+    signed = x.numpy().dtype.type(scale.item())
     for part, _, scratch in _chunks(x):
-        np.subtract(part, np.copysign(part.dtype.type(scale), part, out=scratch), out=part)
+        np.subtract(part, np.copysign(signed, part, out=scratch), out=part)
 
 
 CHUNK = 1 << 16  # entries per step of the CPU passes: 256 KiB of float32, within L2
@@ -291,6 +308,9 @@ def _chunks(x: "torch.Tensor", mask: "torch.Tensor | None" = None) -> Any:
         yield part, bits[i:i + CHUNK] if bits is not None else None, scratch[:len(part)]
 
 
+PAIR_TABLE_BYTES = 1 << 16  # packed bytes per rank from which pairs of ranks share a table
+
+
 def signed_mean(packed: "torch.Tensor", scales: "torch.Tensor",
                 out: "torch.Tensor") -> "torch.Tensor":
     """The mean over ranks of ``∓scale`` per entry (a set bit is negative), from each rank's
@@ -308,8 +328,9 @@ def signed_mean(packed: "torch.Tensor", scales: "torch.Tensor",
     tables = [torch.where(bits, -s, s) for s in scales]  # 256 x 8 values per rank
     whole = n // 8  # bytes whose 8 entries are all in out; the last byte may be padding
     rows = out[:whole * 8].view(whole, 8)
-    for first in range(0, world, 2):
-        if first + 1 < world:  # a pair: table[a * 256 + b] = rank first's a + next's b
+    pairs = whole >= PAIR_TABLE_BYTES  # else building a pair's 2 MB table costs more
+    for first in range(0, world, 2 if pairs else 1):
+        if pairs and first + 1 < world:  # table[a * 256 + b] = rank first's a + next's b
             table = (tables[first].unsqueeze(1) + tables[first + 1].unsqueeze(0)).view(-1, 8)
             index = packed[first].int().mul_(256).add_(packed[first + 1])
         else:
