@@ -204,10 +204,10 @@ SPIKE_S, STEP_S, SSP_STEPS = 0.1, 0.02, 24
 def _steps(rank: int, spikes: bool, jitter_s: float):
     """Every step takes STEP_S +- ``jitter_s``; with ``spikes``, stragglers that come and go:
     each rank in turn is SPIKE_S late on two steps of every epoch (rank 1 at steps 3 and
-    15, rank 0 at 9 and 21)."""
+    15, rank 2 at 6 and 18, rank 0 at 9 and 21)."""
     import random
     jitter = random.Random(rank)
-    late = {1: (3, 15), 0: (9, 21)}[rank] if spikes else ()
+    late = {1: (3, 15), 2: (6, 18), 0: (9, 21)}[rank] if spikes else ()
     return lambda i: STEP_S + jitter.uniform(-jitter_s, jitter_s) + (
         SPIKE_S if i % SSP_STEPS in late else 0.0)
 
@@ -225,6 +225,19 @@ def _dynamic_staleness(rank: int, world: int) -> dict:
             run = _run("ssp", options, rank, [0.05] * epochs, steps=SSP_STEPS,
                        pause_s=_steps(rank, spikes, jitter_s), trace=trace)
             out[pattern, label] = {**run, "trace": trace, "wall_s": time.perf_counter() - start}
+    return out
+
+
+def _dynamic_staleness_three(rank: int, world: int) -> dict:
+    """Fixed staleness 0 and dynamic 0..4 on three ranks, each a straggler in turn: the
+    slowest is now one of two others, and ties among the slowest come and go."""
+    out = {}
+    for label, options in (("fixed_low", {"staleness": 0}),
+                           ("dynamic", {"staleness": 4, "min_staleness": 0})):
+        trace: list = []
+        run = _run("ssp", options, rank, [0.05] * 2, steps=SSP_STEPS,
+                   pause_s=_steps(rank, True, 0.004), trace=trace)
+        out[label] = {**run, "trace": trace}
     return out
 
 
@@ -263,6 +276,11 @@ def ssp():
 @pytest.fixture(scope="module")
 def dynamic_ssp():
     return run_ranks(_dynamic_staleness, timeout_s=SPAWN_TIMEOUT_S)
+
+
+@pytest.fixture(scope="module")
+def dynamic_ssp_three():
+    return run_ranks(_dynamic_staleness_three, world_size=3, timeout_s=SPAWN_TIMEOUT_S)
 
 
 # ---- synchronous allreduce ----
@@ -620,6 +638,26 @@ def test_dynamic_staleness_rides_out_stragglers_within_the_upper_bound(dynamic_s
     for label in ("fixed_low", "fixed_high", "dynamic"):  # every rank ends on one model
         torch.testing.assert_close(dynamic_ssp[0]["spikes", label]["params"],
                                    dynamic_ssp[1]["spikes", label]["params"], rtol=0, atol=0)
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+@pytest.mark.skipif(store_queue_problem() is not None,
+                    reason=f"ssp is refused on this torch: {store_queue_problem()}")
+def test_dynamic_staleness_on_three_ranks(dynamic_ssp_three):
+    """As with two ranks: fixed 0 waits out both others' delays (about 0.8 s per rank);
+    dynamic rides them out, never more than 4 steps ahead, and all end on one model."""
+    for rank, result in enumerate(dynamic_ssp_three):
+        for label, bound in (("fixed_low", 0), ("dynamic", 4)):
+            assert max(_leads(result[label])) <= bound, (rank, label)
+            assert all(row["max_lead"] <= bound for row in result[label]["rows"]), (rank, label)
+        waited = {label: sum(row["wait_s"] for row in result[label]["rows"])
+                  for label in ("fixed_low", "dynamic")}
+        assert waited["dynamic"] < 0.5 * waited["fixed_low"], (rank, waited)
+        assert max(_leads(result["dynamic"])) > 0, rank
+    for label in ("fixed_low", "dynamic"):
+        for other in dynamic_ssp_three[1:]:
+            torch.testing.assert_close(dynamic_ssp_three[0][label]["params"],
+                                       other[label]["params"], rtol=0, atol=0)
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
