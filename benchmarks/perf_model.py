@@ -1,7 +1,8 @@
 """Validate the performance model (`sparkddl plan`) against measured epochs and memory.
 
 For two models of different compute/communication ratios, on local[2]: calibrate once
-(2 workers), predict the epoch time of allreduce for 1 and 2 workers and each rank's peak
+(2 workers), predict the epoch time of allreduce for 1 and 2 workers (and fsdp's for 2 on
+the wide model, where its run for memory gives its time too) and each rank's peak
 memory for several strategies, then fit for real and compare: the median epoch time after
 the first epoch, and the largest ``peak_rss_MB`` in the history (rank 0's peak resident
 memory). Goal: within 25 % for both. Data: scikit-learn's digits tiled 24x with noise (~43k
@@ -67,6 +68,15 @@ def main() -> None:
     df.count()
     rows, mem_rows, calibrations = [], [], {}
 
+    def time_row(name, strategy, workers, cal, n_rows, meas):
+        pred = perfmodel.Model(cal).predict(strategy, workers, n_rows)
+        rows.append({"model": name, "strategy": strategy, "workers": workers,
+                     "predicted_s": pred.epoch_s, "measured_s": meas,
+                     "error": pred.epoch_s / meas - 1, "bottleneck": pred.bottleneck,
+                     "compute_ms": pred.compute_s * 1e3, "comm_ms": pred.comm_s * 1e3,
+                     "input_ms": pred.input_s * 1e3})
+        print(rows[-1], flush=True)
+
     def memory_row(name, strategy, options, workers, cal, peak):
         pred = predict_memory(cal["memory"], strategy, strategy, options, workers)
         mem_rows.append({"model": name, "strategy": strategy, "workers": workers,
@@ -83,27 +93,24 @@ def main() -> None:
         for name, arch in MODELS.items():
             cal, n_rows = perfmodel.run_calibration(
                 spark, df, MLP(*arch), lambda p: torch.optim.SGD(p, lr=0.05), "cross_entropy",
-                config, candidates=(Candidate("allreduce", "allreduce", {}),))
+                config, candidates=(Candidate("allreduce", "allreduce", {}),
+                                    Candidate("fsdp", "fsdp", {})))
             calibrations[name] = cal
             for workers in (1, 2):
-                pred = perfmodel.predictions(cal, n_rows, (workers,))[0]
                 meas, peak = measured(df, arch, workers, store)
-                rows.append({"model": name, "workers": workers, "predicted_s": pred.epoch_s,
-                             "measured_s": meas, "error": pred.epoch_s / meas - 1,
-                             "bottleneck": pred.bottleneck,
-                             "compute_ms": pred.compute_s * 1e3, "comm_ms": pred.comm_s * 1e3,
-                             "input_ms": pred.input_s * 1e3})
-                print(rows[-1], flush=True)
+                time_row(name, "allreduce", workers, cal, n_rows, meas)
                 memory_row(name, "allreduce", {}, workers, cal, peak)
             for strategy, options, workers in MEMORY_RUNS[name]:
-                _, peak = measured(df, arch, workers, store, strategy, options, epochs=2)
+                meas, peak = measured(df, arch, workers, store, strategy, options, epochs=3)
+                if strategy in cal["strategies"]:  # timed in the calibration: fsdp
+                    time_row(name, strategy, workers, cal, n_rows, meas)
                 memory_row(name, strategy, options, workers, cal, peak)
     spark.stop()
 
     def plot(path: Path) -> None:
         import matplotlib.pyplot as plt
         fig, (ax, mx) = plt.subplots(2, 1, figsize=(10, 7.5))
-        labels = [f"{r['model'].split(' (')[0]}\n{r['workers']} worker(s)" for r in rows]
+        labels = [f"{r['model'].split(' (')[0]}\n{r['strategy']} x{r['workers']}" for r in rows]
         xs = range(len(rows))
         ax.bar([x - 0.2 for x in xs], [r["predicted_s"] for r in rows], 0.4, label="predicted")
         ax.bar([x + 0.2 for x in xs], [r["measured_s"] for r in rows], 0.4, label="measured")
@@ -129,9 +136,10 @@ def main() -> None:
                                                  "model_MB", "activations_MB",
                                                  "temporaries_MB", "strategy_MB",
                                                  "reader_MB", "checkpoint_MB"])])
-    write_results("perf_model", rows, ["model", "workers", "predicted_s", "measured_s", "error",
-                                       "bottleneck", "compute_ms", "comm_ms", "input_ms"],
-                  "Performance model vs measured epoch time (allreduce, local[2])", plot,
+    write_results("perf_model", rows, ["model", "strategy", "workers", "predicted_s",
+                                       "measured_s", "error", "bottleneck", "compute_ms",
+                                       "comm_ms", "input_ms"],
+                  "Performance model vs measured epoch time (local[2])", plot,
                   notes=f"~43k rows, batch {BATCH}/worker, SGD; calibrated once per model "
                         "with 2 workers; measured = median epoch after the first.",
                   extra={"memory": mem_rows}, more_md=mem_md)

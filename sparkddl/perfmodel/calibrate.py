@@ -65,7 +65,7 @@ def calibrate(spec: TrainSpec, candidates: list[Candidate], reader_steps: int) -
            "epoch_overhead_s": _epoch_overhead(spec, dev),
            "param_bytes": footprint["param_bytes"], "memory": footprint,
            "strategies": {c.label: _strategy_step(spec, dev, c, inputs, label)
-                          for c in candidates}}
+                          for c in candidates if _runs_on(c, dev)}}
     # the slowest rank sets the pace of synchronous training
     pace = torch.tensor([out["step_s"], -out["reader_rows_s"]], dtype=torch.float64)
     dist.all_reduce(pace, op=dist.ReduceOp.MAX)
@@ -194,9 +194,22 @@ def _epoch_overhead(spec: TrainSpec, dev: Any) -> float:
     return _timed(save, repeats=3)
 
 
+def _runs_on(cand: Candidate, dev: Any) -> bool:
+    """Whether the installed torch runs this strategy on this device (fsdp on CPU needs
+    torch >= 2.6); every rank decides alike, so their collectives still pair up."""
+    from sparkddl.errors import ConfigError
+    try:
+        strategies.create(cand.name, cand.options).check_device(dev.type)
+    except ConfigError:
+        return False
+    return True
+
+
 def _strategy_step(spec: TrainSpec, dev: Any, cand: Candidate, inputs: list[Any],
                    label: Any) -> dict[str, float]:
-    """Real steps of one strategy on a fresh replica: time, bytes and calls per step."""
+    """Real steps of one strategy on a fresh replica: time, bytes and calls per step. For
+    fsdp, ``bytes`` is the full size of what its all-gathers and reduce-scatters assemble
+    (a ring moves (n-1)/n of it per rank, whatever n), not the shards it hands them."""
     import torch
     torch.manual_seed(spec.config.seed)
     module = build_module(spec.model_factory).to(dev)
@@ -206,7 +219,7 @@ def _strategy_step(spec: TrainSpec, dev: Any, cand: Candidate, inputs: list[Any]
 
     def step() -> None:
         opt.zero_grad(set_to_none=True)
-        spec.loss(model(*inputs), label).backward()
+        strategy.backward(spec.loss(model(*inputs), label))
         strategy.step(opt)
 
     for _ in range(WARMUP):
@@ -218,5 +231,8 @@ def _strategy_step(spec: TrainSpec, dev: Any, cand: Candidate, inputs: list[Any]
     elapsed = time.perf_counter() - start
     stats = strategy.end_epoch()
     strategy.finalize(module)
-    return {"step_s": elapsed / cand.steps, "bytes": stats["comm_bytes"] / cand.steps,
-            "calls": stats["comm_calls"] / cand.steps}
+    out = {"step_s": elapsed / cand.steps, "bytes": stats["comm_bytes"] / cand.steps,
+           "calls": stats["comm_calls"] / cand.steps}
+    if cand.name == "fsdp":
+        out["bytes"] = strategy.full_traffic_bytes()
+    return out

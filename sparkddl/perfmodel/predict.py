@@ -11,6 +11,8 @@ Per step and rank::
                allgather  (N-1)a + (N-1) * bytes/b            (top-k, sign)
                p2p        a + bytes/b                          (gossip: fixed neighbours)
                server     N * (a + bytes/b)                    (SSP: rank 0 serves everyone)
+               sharded    (N-1)a + (N-1)/N * bytes/b           (fsdp: ring all-gathers and
+                          reduce-scatters; bytes = the full size they assemble per step)
     hidden   = min(comm, backward pass) when the strategy overlaps communication with it
     input    = batch / the reader's rows per second (measured on the real shard)
     step     = compute + comm - hidden + input   (the reader shares the rank's cores)
@@ -25,7 +27,7 @@ from typing import Any
 KIND = {"allreduce": "allreduce", "allreduce-no-overlap": "allreduce", "fp16": "allreduce",
         "bf16": "allreduce", "powersgd": "allreduce", "topk": "allgather", "sign": "allgather",
         "local_sgd": "allreduce", "dynamic_averaging": "allreduce", "gossip": "p2p",
-        "ssp": "server"}
+        "ssp": "server", "fsdp": "sharded"}
 OVERLAPS = {"allreduce", "fp16", "bf16", "powersgd", "topk", "sign"}
 
 
@@ -70,6 +72,8 @@ def comm_time(kind: str, nbytes: float, calls: float, n: int, link: Link) -> flo
         return calls * a + nbytes / b
     if kind == "server":
         return n * (calls * a + nbytes / b)
+    if kind == "sharded":
+        return calls * (n - 1) * a + (n - 1) / n * nbytes / b
     raise ValueError(f"unknown traffic kind {kind!r}")
 
 

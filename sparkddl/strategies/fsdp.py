@@ -118,6 +118,14 @@ class FullyShardedDataParallel(Strategy):
         self.pass_cost = (sum(gathers), len(gathers))
         self.reduce_cost = (world * sum(size for size, _ in shards), len(shards))
 
+    def full_traffic_bytes(self) -> int:
+        """The full size of what one step's all-gathers and reduce-scatters assemble (each
+        unit's padded parameters, once per gather, and its padded gradient): a ring moves
+        (n - 1) / n of it per rank."""
+        import torch.distributed as dist
+
+        return self.pass_cost[0] * dist.get_world_size() + self.reduce_cost[0]
+
     def no_sync(self) -> Any:
         """Gradients accumulate unsharded (full size) on every rank until the backward pass
         outside this context reduce-scatters their sum; parameters are still gathered."""

@@ -29,6 +29,10 @@ def test_traffic_kinds_scale_with_workers_as_their_collectives_do():
     assert comm_time("allgather", mb, 1, 64, LINK) == pytest.approx(63 * (50e-6 + mb / 1e9))
     assert comm_time("p2p", mb, 2, 64, LINK) == comm_time("p2p", mb, 2, 4, LINK)
     assert comm_time("server", mb, 1, 8, LINK) == pytest.approx(8 * (50e-6 + mb / 1e9))
+    # fsdp: all-gathers and reduce-scatters of what it assembles, (n-1)/n of it per rank
+    assert comm_time("sharded", 3 * mb, 5, 4, LINK) == pytest.approx(
+        5 * 3 * 50e-6 + 0.75 * 3 * mb / 1e9)
+    assert comm_time("sharded", mb, 1, 64, LINK) < comm_time("allreduce", mb, 1, 64, LINK)
     with pytest.raises(ValueError):
         comm_time("broadcast", mb, 1, 2, LINK)
 

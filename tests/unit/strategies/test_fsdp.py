@@ -95,22 +95,27 @@ def _reference(steps: int, micro: int = 1, clip: float | None = None) -> dict:
 # ---- what the ranks run ----
 
 class _Spy:
-    """Bytes handed to FSDP's all-gathers and reduce-scatters (the input tensors)."""
+    """Bytes handed to FSDP's all-gathers and reduce-scatters (the input tensors), and the
+    full size they assemble (a gather's output, a reduce-scatter's input)."""
 
     def __init__(self) -> None:
-        self.bytes = self.calls = self.depth = 0
+        self.bytes = self.calls = self.depth = self.full = 0
         for name in GATHERS + SCATTERS:
             original = getattr(dist, name, None)
             if original is not None:
-                setattr(dist, name, self._wrap(original))
+                setattr(dist, name, self._wrap(original, name in GATHERS))
 
-    def _wrap(self, original: Any) -> Any:
+    def _wrap(self, original: Any, gather: bool) -> Any:
         def spy(*args: Any, **kwargs: Any) -> Any:
             if self.depth == 0:  # one entry point may call another: count the outer one
                 given = args[1] if len(args) > 1 else kwargs.get("input",
                                                                  kwargs.get("input_tensor"))
                 self.bytes += given.numel() * given.element_size()
                 self.calls += 1
+                whole = (args[0] if args else kwargs.get("output",
+                                                         kwargs.get("output_tensor"))) \
+                    if gather else given
+                self.full += whole.numel() * whole.element_size()
             self.depth += 1
             try:
                 return original(*args, **kwargs)
@@ -120,7 +125,7 @@ class _Spy:
 
     def take(self) -> dict:
         out = {"comm_bytes": self.bytes, "comm_calls": self.calls}
-        self.bytes = self.calls = 0
+        self.full_seen, self.bytes, self.calls, self.full = self.full, 0, 0, 0
         return out
 
 
@@ -140,7 +145,8 @@ def _train(rank: int, options: dict, spy: _Spy, steps: int, micro: int = 1) -> d
                 strategy.backward(F.mse_loss(model(xs), ys) / micro)
         strategy.step(optimizer)
     return {"state": strategy.full_state_dict(module), "counted": strategy.end_epoch(),
-            "seen": spy.take(), "steps": optimizer.steps}
+            "seen": spy.take(), "steps": optimizer.steps,
+            "full": strategy.full_traffic_bytes(), "full_seen": spy.full_seen}
 
 
 def _state_dicts(rank: int) -> dict:
@@ -260,6 +266,8 @@ def test_counted_traffic_is_what_fsdp_hands_its_collectives(ranks, variant):
         run = r["accumulate"] if variant == "accumulate" else r["train"][variant]
         assert run["counted"] == run["seen"]
         assert run["counted"]["comm_bytes"] > 0
+        if variant != "accumulate":  # what the plan prices: the full size, per step
+            assert run["full"] * run["steps"] == run["full_seen"] > run["counted"]["comm_bytes"]
 
 
 @needs_cpu_fsdp
