@@ -127,8 +127,10 @@ class Stop(Body):
 
 @dataclass(frozen=True)
 class Closed(Body):
-    """A rank's connection closed (normal after Done; otherwise the rank died)."""
+    """A rank's connection closed (normal after Done; otherwise the rank died), or, with
+    ``dropped``, the driver dropped it for a protocol error (the rank lives on, unheard)."""
     KIND: ClassVar[str] = "closed"
+    dropped: bool = False
 
 
 KINDS: dict[str, type[Body]] = {cls.KIND: cls for cls in (

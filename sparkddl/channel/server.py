@@ -193,6 +193,9 @@ class DriverChannel:
                 self._dispatch(Message(conn.rank, header, payload, reply))
         except protocol.ProtocolError as exc:
             self._reject(conn, exc)
+            # the rank's later frames (its "done" too) are lost: the stage must not wait
+            # for them
+            self._dispatch(Message(conn.rank, Closed(dropped=True).header()))
         except OSError:  # the rank closed its end: normal at the end of a task, after "done"
             self._dispatch(Message(conn.rank, Closed().header()))
         finally:

@@ -70,6 +70,7 @@ class StageMonitor:
         self._first_beat: float | None = None
         self.done: set[int] = set()  # ranks that finished their function
         self.closed: dict[int, float] = {}  # rank -> when its connection closed
+        self.dropped: set[int] = set()  # ranks whose connection the driver dropped
         self.table: dict[type, list[Handler]] = {
             m.Hello: [self._relay_rendezvous], m.Rendezvous: [self._relay_rendezvous],
             m.Log: [self._print], m.Error: [self._failed], m.Closed: [self._closed],
@@ -89,17 +90,23 @@ class StageMonitor:
                     return missing
                 self._finished.wait(left)
 
+    def closed_without_done(self, world: int) -> list[int]:
+        """Ranks whose connection ended before their "done" was handled."""
+        with self._lock:
+            return [r for r in range(world) if r in self.closed and r not in self.done]
+
     def died_silently(self, before: float) -> list[int]:
         """Ranks whose connection closed before ``before`` without a "done" or a failure
         report: their Python worker or executor died."""
         with self._lock:
             return sorted(r for r, at in self.closed.items()
-                          if at <= before and r not in self.done and r not in self.failures)
+                          if at <= before and r not in self.done and r not in self.failures
+                          and r not in self.dropped)
 
     def accounted(self) -> int:
         """Ranks that reported a failure or died silently."""
         with self._lock:
-            return len(set(self.failures) | (set(self.closed) - self.done))
+            return len(set(self.failures) | (set(self.closed) - self.done - self.dropped))
 
     def handle(self, msg: Message) -> None:
         body = msg.body
@@ -119,6 +126,8 @@ class StageMonitor:
     def _closed(self, msg: Message, body: m.Closed) -> None:
         with self._lock:
             self.closed.setdefault(msg.rank, time.monotonic())
+            if body.dropped:
+                self.dropped.add(msg.rank)
             self._finished.notify_all()
 
     def _done(self, msg: Message, body: m.Done) -> None:

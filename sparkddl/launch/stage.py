@@ -116,18 +116,19 @@ def _run(sc: Any, spec: TaskSpec, monitor: StageMonitor, timeout_s: float | None
             sc.cancelJobGroup(job.group)
         job.join(CANCEL_WAIT_S)
     if job.error is None and not reason:
-        log.info("run %s: %d ranks finished in %.1fs", spec.run_id, spec.num_workers,
-                 time.monotonic() - started)
         if spec.offline:
+            _log_finished(spec, started)
             return _replay(job.result or [], monitor)
         # every rank's "done" is its last frame: once it is handled, so is all it sent before
         # (closing the channel now would drop those still being read)
         missing = monitor.wait_finished(spec.num_workers, DRAIN_S)
-        if missing:
+        lost = missing + monitor.closed_without_done(spec.num_workers)
+        if lost:
             log.warning("run %s: rank(s) %s finished, but their last messages did not reach "
-                        "the driver within %gs; results that depend on them (such as the last "
-                        "epoch's evaluation) may be missing", spec.run_id,
-                        ", ".join(map(str, missing)), DRAIN_S)
+                        "the driver%s; results that depend on them (such as the last epoch's "
+                        "evaluation) may be missing", spec.run_id, ", ".join(map(str, lost)),
+                        f" within {DRAIN_S:g}s" if missing else "")
+        _log_finished(spec, started)
         return job.result or []
     spark_error = _error_text(job.error)
     failures = ordered_failures(spark_error, list(monitor.failures.values()),
@@ -137,6 +138,11 @@ def _run(sc: Any, spec: TaskSpec, monitor: StageMonitor, timeout_s: float | None
         reason = missing_module_reason(module)
     raise TrainingFailedError(failures, spark_error=spark_error,
                               reason=reason or "the barrier stage failed")
+
+
+def _log_finished(spec: TaskSpec, started: float) -> None:
+    log.info("run %s: %d ranks finished in %.1fs", spec.run_id, spec.num_workers,
+             time.monotonic() - started)
 
 
 def _wait(job: _Job, monitor: StageMonitor, timeout_s: float | None, started: float,

@@ -298,6 +298,9 @@ def test_every_frame_a_rank_sent_is_handled_before_the_stage_returns(spark_local
             time.sleep(2)  # as reading and handling a big frame would take
         seen.append((msg.rank, body.row["epoch"]))
 
+    from sparkddl.launch.stage import DRAIN_S
+    started = time.monotonic()
     launch_ranks(spark_local.sparkContext, post_two_epochs, num_workers=2, run_id="drain",
                  description="drain test", timeout_s=90, handlers={messages.Epoch: slow})
     assert sorted(seen) == [(0, 1), (0, 2), (1, 1), (1, 2)]
+    assert time.monotonic() - started < DRAIN_S / 2  # it waited for the frames, not the limit

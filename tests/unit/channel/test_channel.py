@@ -103,7 +103,10 @@ def test_oversized_frame_is_dropped_without_reading_it():
         while server.rejected < 1 and time.time() < deadline:
             time.sleep(0.01)
         assert server.rejected == 1
-        assert [m.type for m in inbox.messages] == ["hello"]
+        # the stage learns the rank is unheard from now on (it must not wait for its "done")
+        inbox.wait_for(lambda m: len(m) == 2)
+        assert [m.type for m in inbox.messages] == ["hello", "closed"]
+        assert inbox.messages[1].body.dropped
         # a new, well-behaved connection still works
         other = RankChannel("127.0.0.1", server.port, server.secret, rank=1)
         other.send({"type": "metric"}, b"ok")

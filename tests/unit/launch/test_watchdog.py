@@ -201,3 +201,25 @@ def test_a_rank_that_keeps_moving_is_waited_for():
         monitor.handle(waiting)
         monitor.handle(beat(1, steps, "forward pass"))
     assert monitor.stalled(LIMIT, 2) == ""
+
+
+# ---- the end of a stage: every rank's last frame handled ----
+
+def test_a_finished_stage_waits_for_each_ranks_done_or_its_connection_end():
+    import threading
+    import time
+
+    from sparkddl.channel import messages as m
+    monitor = StageMonitor()
+    monitor.handle(Message(0, m.Done().header()))
+    monitor.handle(Message(1, m.Closed(dropped=True).header()))  # unheard from now on
+    assert monitor.wait_finished(3, timeout_s=0.2) == [2]  # rank 2: nothing yet
+    late = threading.Timer(0.3, monitor.handle, [Message(2, m.Done().header())])
+    late.start()
+    started = time.monotonic()
+    assert monitor.wait_finished(3, timeout_s=10) == []
+    assert time.monotonic() - started < 5  # woken by the frame, not the limit
+    late.join()
+    # rank 1's frames may be lost: named for the warning, but it did not die
+    assert monitor.closed_without_done(3) == [1]
+    assert monitor.died_silently(time.monotonic()) == [] and monitor.accounted() == 0
