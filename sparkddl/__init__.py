@@ -20,7 +20,7 @@ _EXPORTS = {
     "trusted_loading": "sparkddl.ml", "run": "sparkddl.launch.runner",
     "device": "sparkddl.task.dist", "init_process_group": "sparkddl.task.dist",
     "TorchDistributor": "sparkddl.distributor", "NonFiniteLossError": "sparkddl.errors",
-    "TransformError": "sparkddl.errors",
+    "TransformError": "sparkddl.errors", "JobCancelledError": "sparkddl.errors",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

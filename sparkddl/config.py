@@ -218,9 +218,10 @@ class TrainConfig:
                                convert="toInt")
     run_id: str | None = option(None, "resume this earlier run from its last good checkpoint "
                                 "(None: a new run)", param="runId")
-    watchdog_s: float | None = option(900.0, "seconds without progress on a rank before the "
-                                      "attempt is failed (None: no watchdog)",
-                                      param="watchdogTimeout")
+    watchdog_s: float | str | None = option(
+        "auto", "seconds without progress on a rank before the attempt is failed; 'auto': "
+        "20x the slowest step seen, at least 60 s (300 s up to the first step); None: no "
+        "watchdog", param="watchdogTimeout")
 
     @classmethod
     def from_values(cls, values: dict[str, Any]) -> "TrainConfig":
@@ -249,7 +250,8 @@ class TrainConfig:
         if self.run_id is not None and not (isinstance(self.run_id, str) and
                                             self.run_id.replace("-", "").isalnum()):
             raise ConfigError(f"run_id must be letters, digits and '-', got {self.run_id!r}")
-        positive_seconds("watchdog timeout", self.watchdog_s)
+        if self.watchdog_s != "auto":
+            positive_seconds("watchdog timeout ('auto', seconds or None)", self.watchdog_s)
         _choice("final_weights", self.final_weights, FINAL_WEIGHTS)
         _choice("reader_pool", self.reader_pool, POOL_TYPES)
         _choice("reader", self.reader, READERS)

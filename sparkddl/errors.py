@@ -33,6 +33,11 @@ class CheckpointError(SparkDDLError):
     """No usable checkpoint could be written or read."""
 
 
+class StaleAttemptError(CheckpointError):
+    """A rank of an attempt the driver has given up on tried to write a checkpoint (it was
+    still running after a cancel or a failure); nothing was written."""
+
+
 class TransformError(DataError):
     """The transformFn raised, or returned other shapes than on earlier batches. Not retried:
     a relaunch would give it the same rows."""
@@ -41,6 +46,13 @@ class TransformError(DataError):
 class NonFiniteLossError(SparkDDLError):
     """A rank's loss was NaN or infinite (onNonFiniteLoss='raise'). Not retried: a relaunch
     from the last checkpoint reaches the same batch with the same weights."""
+
+
+class JobCancelledError(SparkDDLError):
+    """The caller stopped the fit or run: its Spark job was cancelled (``cancelAllJobs``, the
+    job group, a notebook's stop button, ``interruptAll`` on Spark Connect) or the driver
+    got a KeyboardInterrupt. Never retried; the ranks have ended when it is raised, and the
+    last checkpoint stays usable for a resume (``runId``)."""
 
 
 @dataclass

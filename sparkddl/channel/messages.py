@@ -114,6 +114,12 @@ class Checkpoint(Body):
     url: str
 
 
+@dataclass(frozen=True)
+class Stacks(Body):
+    """A rank's Python stacks, every thread (payload: text), as the driver asked."""
+    KIND: ClassVar[str] = "stacks"
+
+
 # ---- driver -> rank ----
 
 @dataclass(frozen=True)
@@ -121,6 +127,12 @@ class Stop(Body):
     """Early stopping: the ranks agree to stop after the current epoch."""
     KIND: ClassVar[str] = "stop"
     epoch: int
+
+
+@dataclass(frozen=True)
+class DumpStacks(Body):
+    """The watchdog fired: send your Python stacks (a Stacks message)."""
+    KIND: ClassVar[str] = "dump_stacks"
 
 
 # ---- the driver's own ----
@@ -135,7 +147,7 @@ class Closed(Body):
 
 KINDS: dict[str, type[Body]] = {cls.KIND: cls for cls in (
     Hello, Rendezvous, Log, Heartbeat, Error, Done, Progress, Epoch, Snapshot, Checkpoint, Stop,
-    Closed)}
+    Closed, Stacks, DumpStacks)}
 
 
 def parse(header: dict[str, Any]) -> Body | None:

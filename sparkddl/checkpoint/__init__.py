@@ -14,7 +14,7 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from sparkddl.errors import CheckpointError
+from sparkddl.errors import CheckpointError, StaleAttemptError
 from sparkddl.store import Store
 
 log = logging.getLogger(__name__)
@@ -68,13 +68,44 @@ def verify(data: bytes, where: str) -> bytes:
 
 
 def save(store: Store, run_id: str, epoch: int, step: int, payload: dict[str, Any],
-         keep: int) -> CheckpointRef:
-    """Write a checkpoint atomically, then delete all but the newest ``keep``."""
+         keep: int, fence: str | None = None, protect: str | None = None) -> CheckpointRef:
+    """Write a checkpoint atomically, then delete all but the newest ``keep``, never
+    ``protect`` (the checkpoint the attempt resumed from). With ``fence`` (the writer's
+    attempt token), an attempt that is no longer the run's current one writes and deletes
+    nothing: StaleAttemptError."""
     url = f"{checkpoint_dir(store, run_id)}/ckpt-{epoch:05d}-{step:08d}.pt"
+    check_fence(store, run_id, fence)
     store.write_bytes(url, encode(payload))
+    check_fence(store, run_id, fence)  # a relaunch may have begun while this one wrote
     for old in listing(store, run_id)[:-keep] if keep > 0 else []:
-        store.delete(old.url)
+        if old.url != protect:
+            store.delete(old.url)
     return CheckpointRef(url, epoch, step)
+
+
+# ---- attempts: only the current one writes ----
+
+def _fence_url(store: Store, run_id: str) -> str:
+    return store.run_url(run_id, "attempt")
+
+
+def set_fence(store: Store, run_id: str, token: str) -> None:
+    """Make ``token`` the run's current attempt; the driver calls it before each launch,
+    once the previous attempt's ranks have ended."""
+    store.write_bytes(_fence_url(store, run_id), token.encode())
+
+
+def check_fence(store: Store, run_id: str, token: str | None) -> None:
+    """StaleAttemptError if the run's current attempt is not ``token`` (None: unfenced)."""
+    if token is None:
+        return
+    url = _fence_url(store, run_id)
+    current = store.read_bytes(url).decode() if store.exists(url) else token
+    if current != token:
+        raise StaleAttemptError(
+            f"attempt {token} of run {run_id} is no longer current (the driver launched "
+            f"{current}); it writes no checkpoint (this rank belongs to a cancelled or "
+            "failed attempt that was still running)")
 
 
 def listing(store: Store, run_id: str) -> list[CheckpointRef]:

@@ -1,6 +1,8 @@
 """The fit's ``timeout`` over the driver's own Spark jobs (profiling, materializing and
 sampling the data), not only over the barrier stage: a job that never ends (a wedged Python
-worker, a UDF that hangs) is cancelled when the time is up, and the fit fails saying so."""
+worker, a UDF that hangs) is cancelled when the time is up, and the fit fails saying so. A
+cancel by the caller (``cancelAllJobs``, the job group, a KeyboardInterrupt) ends the fit
+with a JobCancelledError instead of Spark's raw error."""
 from __future__ import annotations
 
 import threading
@@ -8,53 +10,54 @@ import uuid
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from sparkddl.errors import TrainingFailedError
-
-_LOCAL_PROPERTIES = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+from sparkddl.errors import JobCancelledError, TrainingFailedError
+from sparkddl.launch.jobs import is_cancellation
 
 
 @contextmanager
 def bounded_jobs(sc: Any, timeout_s: float | None, what: str) -> Iterator[None]:
-    """Spark jobs this thread starts in the block are cancelled after ``timeout_s``; the
-    block then raises TrainingFailedError ("timed out after ...s <what>"). The thread's own
-    job group (classic) or tags (Connect) are as they were afterwards."""
-    if not timeout_s:
-        yield
-        return
-    group = f"sparkddl-{uuid.uuid4().hex[:8]}"
-    connect = getattr(sc, "is_connect", False)
-    if connect:
-        sc.spark.addTag(group)
-    else:
-        saved = [sc.getLocalProperty(k) for k in _LOCAL_PROPERTIES]
-        sc.setJobGroup(group, what, interruptOnCancel=True)
+    """Spark jobs this thread starts in the block carry a tag of their own (the thread's job
+    group and tags stay the caller's, so the caller's cancel still reaches them); they are
+    cancelled after ``timeout_s`` (TrainingFailedError "timed out after ...s <what>") or on
+    a KeyboardInterrupt (JobCancelledError)."""
+    tag = f"sparkddl-{uuid.uuid4().hex[:8]}"
+    sc.addJobTag(tag)
     expired = threading.Event()
 
     def expire() -> None:
         expired.set()
-        if connect:
-            sc.cancel(group)
-        else:
-            sc.cancelJobGroup(group)
+        sc.cancelJobsWithTag(tag)
 
-    timer = threading.Timer(timeout_s, expire)
-    timer.daemon = True
-    timer.start()
+    timer = threading.Timer(timeout_s, expire) if timeout_s else None
+    if timer is not None:
+        timer.daemon = True
+        timer.start()
     try:
         yield
+    except KeyboardInterrupt as exc:
+        sc.cancelJobsWithTag(tag)
+        raise JobCancelledError(f"interrupted {what} (KeyboardInterrupt); its Spark jobs "
+                                "were cancelled") from exc
     except Exception as exc:
+        text = str(exc).strip()
         if expired.is_set():
-            text = str(exc).strip()
             raise TrainingFailedError(
                 [], spark_error=text.splitlines()[0][:500] if text else "",
                 reason=f"timed out after {timeout_s:g}s {what} (its Spark jobs were "
                        "cancelled); raise timeout, or look for a stuck task in the Spark "
                        "UI") from exc
+        if is_cancellation(text) and not isinstance(exc, JobCancelledError):
+            raise JobCancelledError(f"cancelled {what}: its Spark job was cancelled "
+                                    f"({_first_line(text)})") from exc
         raise
     finally:
-        timer.cancel()
-        if connect:
-            sc.spark.removeTag(group)
-        else:
-            for key, value in zip(_LOCAL_PROPERTIES, saved):
-                sc.setLocalProperty(key, value)
+        if timer is not None:
+            timer.cancel()
+        sc.removeJobTag(tag)
+
+
+def _first_line(text: str) -> str:
+    for line in text.splitlines():
+        if "cancel" in line.lower() or "interrupt" in line.lower():
+            return line.strip()[:300]
+    return text.splitlines()[0][:300] if text else ""

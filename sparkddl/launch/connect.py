@@ -1,6 +1,6 @@
 """Spark Connect sessions on the launch path: no SparkContext and no RDDs on the client, so
 the barrier stage goes through the DataFrame API (``mapInArrow(..., barrier=True)``), is
-cancelled through a job tag (``interruptTag``), and the few facts the preflight checks need
+cancelled through a job tag (``interruptTag``, behind SparkContext's job-tag names), and the few facts the preflight checks need
 come from the session's conf.
 
 The ranks still report to a channel the client opens, so every property of a classic
@@ -50,20 +50,26 @@ class ConnectContext:
         return master_slots(self.master) or int(self.getConf().get(
             "spark.default.parallelism", "2"))
 
-    def run_barrier(self, entry: Any, num_workers: int, tag: str) -> list[bytes]:
+    def run_barrier(self, entry: Any, num_workers: int) -> list[bytes]:
         """Run ``entry(rows) -> iterator of bytes`` as a barrier stage of ``num_workers``
-        tasks tagged ``tag``; what each task yielded, in rank order."""
-        self.spark.addTag(tag)  # this thread's operations only
-        try:
-            rows = (self.spark.range(0, num_workers, 1, num_workers)
-                    .mapInArrow(functools.partial(_arrow_entry, entry), RESULT_SCHEMA,
-                                barrier=True)
-                    .collect())
-        finally:
-            self.spark.removeTag(tag)
+        tasks (under this thread's tags); what each task yielded, in rank order."""
+        rows = (self.spark.range(0, num_workers, 1, num_workers)
+                .mapInArrow(functools.partial(_arrow_entry, entry), RESULT_SCHEMA,
+                            barrier=True)
+                .collect())
         return [bytes(r["result"]) for r in sorted(rows, key=lambda r: r["rank"])]
 
-    def cancel(self, tag: str) -> None:
+    # job tags, under SparkContext's names: a Connect client's tags are per thread too
+    def addJobTag(self, tag: str) -> None:  # noqa: N802
+        self.spark.addTag(tag)
+
+    def removeJobTag(self, tag: str) -> None:  # noqa: N802
+        self.spark.removeTag(tag)
+
+    def getJobTags(self) -> set[str]:  # noqa: N802
+        return set(self.spark.getTags())
+
+    def cancelJobsWithTag(self, tag: str) -> None:  # noqa: N802
         self.spark.interruptTag(tag)
 
     def unreachable(self, host: str, port: int) -> str:

@@ -15,7 +15,7 @@ from sparkddl.channel import messages as m
 from sparkddl.channel.server import Message
 from sparkddl.config import TrainConfig
 from sparkddl.data import PreparedData
-from sparkddl.errors import ConfigError, TrainingFailedError
+from sparkddl.errors import ConfigError, JobCancelledError, TrainingFailedError
 from sparkddl.launch import preflight
 from sparkddl.launch.bounded import bounded_jobs
 from sparkddl.launch.callbacks import Callbacks
@@ -43,10 +43,22 @@ class _Dispatch:
         self.evaluator, self.progress = evaluator, progress
         self.steps = 0  # rank 0's latest global step count
         self.pending: Restart | None = None
+        self.attempt = 0  # the current attempt: what earlier ones still send is dropped
 
-    def handlers(self) -> Handlers:
-        return {m.Progress: self._progress, m.Heartbeat: self._heartbeat, m.Epoch: self._epoch,
-                m.Snapshot: self._snapshot, m.Checkpoint: self._checkpoint}
+    def handlers(self, attempt: int) -> Handlers:
+        """The handlers of ``attempt``'s stage; they do nothing once it is not current."""
+        self.attempt = attempt
+
+        def fenced(handler: Any) -> Any:
+            def handle(msg: Message, body: Any) -> None:
+                if self.attempt == attempt:
+                    handler(msg, body)
+            return handle
+
+        return {kind: fenced(h) for kind, h in (
+            (m.Progress, self._progress), (m.Heartbeat, self._heartbeat),
+            (m.Epoch, self._epoch), (m.Snapshot, self._snapshot),
+            (m.Checkpoint, self._checkpoint))}
 
     def _progress(self, msg: Message, body: m.Progress) -> None:
         if self.pending is not None:
@@ -157,15 +169,24 @@ def _attempts(sc: Any, spec: TrainSpec, config: TrainConfig, store: Store,
             log.info("attempt %d resumes run %s from %s (epoch %d done, step %d)", attempt,
                      spec.run_id, ref.url, ref.epoch, ref.step)
         hook.steps = ref.epoch * spec.plan.steps_per_epoch + ref.step if ref else 0
+        # the previous attempt's ranks have ended (run_stage waits for them); should one
+        # still run, the fence keeps it from writing over this attempt's checkpoints
+        fence = f"{attempt}-{new_run_id()}"
+        checkpoint.set_fence(store, spec.run_id, fence)
         try:
             summary = launch_ranks(
-                sc, train, (dataclasses.replace(spec, resume_url=ref.url if ref else None),),
+                sc, train, (dataclasses.replace(spec, resume_url=ref.url if ref else None,
+                                                fence=fence),),
                 num_workers=config.num_workers, run_id=spec.run_id, use_gpu=config.use_gpu,
-                timeout_s=policy.remaining(), attempt=attempt, handlers=hook.handlers(),
+                timeout_s=policy.remaining(), attempt=attempt, handlers=hook.handlers(attempt),
                 watchdog_s=config.watchdog_s,
                 description=f"sparkddl fit {spec.run_id} attempt {attempt}")
             return summary, restarts
+        except JobCancelledError as exc:
+            hook.attempt = -1  # nothing the cancelled ranks still send counts
+            raise JobCancelledError(f"{exc} {_resume_hint(store, spec.run_id)}") from exc
         except TrainingFailedError as exc:
+            hook.attempt = -1
             final = policy.final_error(attempt, exc)
             if final is not None:
                 raise final from exc
@@ -175,6 +196,14 @@ def _attempts(sc: Any, spec: TrainSpec, config: TrainConfig, store: Store,
             hook.pending = restarts[-1]
             policy.wait_for_slots(sc)
         attempt += 1
+
+
+def _resume_hint(store: Store, run_id: str) -> str:
+    ref = checkpoint.latest_good(store, run_id)
+    if ref is None:
+        return "No checkpoint was written yet."
+    return (f"The last checkpoint ({ref.epoch} epoch(s) done) is kept: fit again with "
+            f"runId={run_id!r} to resume from it.")
 
 
 def _record_run(store: Store, run_id: str, data: PreparedData, config: TrainConfig,

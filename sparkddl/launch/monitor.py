@@ -20,8 +20,13 @@ Handler = Callable[[Message, Any], None]
 Handlers = dict[type, Handler]
 
 # the least time a rank may take to start (import torch, join the rendezvous) before the
-# watchdog names it, whatever watchdogTimeout is
+# watchdog names it, whatever watchdogTimeout is; with watchdogTimeout='auto', also the
+# budget up to its first training step
 START_LIMIT_S = 300.0
+# watchdogTimeout='auto': the larger of this and AUTO_STEPS times the longest a rank has gone
+# between two heartbeats that showed it moving (a step, or a phase such as a checkpoint)
+AUTO_FLOOR_S = 60.0
+AUTO_STEPS = 20
 
 
 @dataclass
@@ -71,10 +76,15 @@ class StageMonitor:
         self.done: set[int] = set()  # ranks that finished their function
         self.closed: dict[int, float] = {}  # rank -> when its connection closed
         self.dropped: set[int] = set()  # ranks whose connection the driver dropped
+        self.connected: set[int] = set()  # ranks that said hello
+        self.slowest_move_s = 0.0  # the longest gap between two moves of a rank, after a step
+        self.culprits: list[int] = []  # whom the watchdog blamed when it fired
+        self.stacks: dict[int, str] = {}  # ranks' Python stacks, when asked for
         self.table: dict[type, list[Handler]] = {
-            m.Hello: [self._relay_rendezvous], m.Rendezvous: [self._relay_rendezvous],
+            m.Hello: [self._hello, self._relay_rendezvous],
+            m.Rendezvous: [self._relay_rendezvous],
             m.Log: [self._print], m.Error: [self._failed], m.Closed: [self._closed],
-            m.Heartbeat: [self._beat], m.Done: [self._done]}
+            m.Heartbeat: [self._beat], m.Done: [self._done], m.Stacks: [self._stacks]}
         for kind, handler in (handlers or {}).items():
             self.table.setdefault(kind, []).append(handler)
 
@@ -89,6 +99,33 @@ class StageMonitor:
                 if not missing or left <= 0:
                     return missing
                 self._finished.wait(left)
+
+    def wait_disconnected(self, timeout_s: float) -> list[int]:
+        """Wait until the connection of every rank that connected has closed, at most
+        ``timeout_s``; the ranks still connected then."""
+        deadline = time.monotonic() + timeout_s
+        with self._finished:
+            while True:
+                alive = sorted(self.connected - set(self.closed))
+                left = deadline - time.monotonic()
+                if not alive or left <= 0:
+                    return alive
+                self._finished.wait(left)
+
+    def collect_stacks(self, ranks: list[int], timeout_s: float) -> dict[int, str]:
+        """Ask every rank for its Python stacks; those of ``ranks`` that arrive within
+        ``timeout_s`` (a rank whose interpreter is blocked, or gone, cannot answer)."""
+        with self._lock:
+            self.stacks = {}
+        self.broadcast(m.DumpStacks().header())
+        deadline = time.monotonic() + timeout_s
+        with self._finished:
+            while not all(r in self.stacks for r in ranks):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._finished.wait(left)
+            return {r: self.stacks[r] for r in ranks if r in self.stacks}
 
     def closed_without_done(self, world: int) -> list[int]:
         """Ranks whose connection ended before their "done" was handled."""
@@ -130,6 +167,15 @@ class StageMonitor:
                 self.dropped.add(msg.rank)
             self._finished.notify_all()
 
+    def _hello(self, msg: Message, body: m.Hello) -> None:
+        with self._lock:
+            self.connected.add(msg.rank)
+
+    def _stacks(self, msg: Message, body: m.Stacks) -> None:
+        with self._lock:
+            self.stacks[msg.rank] = msg.payload.decode("utf-8", "replace")
+            self._finished.notify_all()
+
     def _done(self, msg: Message, body: m.Done) -> None:
         with self._lock:
             self.done.add(msg.rank)
@@ -154,16 +200,26 @@ class StageMonitor:
                 self._first_beat = now
             old = self.beats.get(msg.rank)
             moved = now if old is None or old.position != position else old.moved_at
+            if old is not None and moved == now and old.steps > 0:
+                self.slowest_move_s = max(self.slowest_move_s, now - old.moved_at)
             self.beats[msg.rank] = Beat(position, moved, now, body.phase, int(body.steps),
                                         body.epoch, body.step, body.collective, body.starting)
 
-    def stalled(self, limit_s: float, world: int) -> str:
+    def auto_limit(self) -> float:
+        """watchdogTimeout='auto': AUTO_STEPS times the slowest move seen, at least
+        AUTO_FLOOR_S."""
+        return max(AUTO_FLOOR_S, AUTO_STEPS * self.slowest_move_s)
+
+    def stalled(self, limit: float | str, world: int) -> str:
         """'' while the ranks the others wait for still move; otherwise what the watchdog
         reports. A rank still starting (importing torch, joining the rendezvous) or that has
         not reported yet gets ``max(limit_s, START_LIMIT_S)``: a loaded machine may take
-        seconds to start a Python worker, and that is not a hang. Ranks that finished are
-        out. A rank that waits in a collective never fires the watchdog by itself: the rank
-        it waits for (see ``blamed``) must have stopped too."""
+        seconds to start a Python worker, and that is not a hang; with ``limit='auto'`` so
+        does a rank before its first step, and after it :meth:`auto_limit` applies. Ranks
+        that finished are out. A rank that waits in a collective never fires the watchdog by
+        itself: the rank it waits for (see ``blamed``) must have stopped too."""
+        auto = limit == "auto"
+        limit_s = self.auto_limit() if auto else float(limit)
         now = self.clock()
         with self._lock:
             if self._first_beat is None:
@@ -177,11 +233,16 @@ class StageMonitor:
             if rank not in beats:
                 return now - first > start_limit
             beat = beats[rank]
-            return now - beat.moved_at > (start_limit if beat.starting else limit_s)
+            first_step = beat.starting or (auto and beat.steps == 0)
+            return now - beat.moved_at > (start_limit if first_step else limit_s)
 
-        if not any(over(r) for r in blamed(beats, active, limit_s, now)):
+        culprits = blamed(beats, active, limit_s, now)
+        if not any(over(r) for r in culprits):
             return ""
-        return watchdog_report(beats, active, limit_s, now)
+        self.culprits = culprits
+        how = (f" (watchdogTimeout='auto': {AUTO_STEPS}x the slowest step seen, "
+               f"{self.slowest_move_s:.1f}s, at least {AUTO_FLOOR_S:g}s)") if auto else ""
+        return watchdog_report(beats, active, limit_s, now, how)
 
     def _print(self, msg: Message, body: m.Log) -> None:
         stream_name = "stderr" if body.stream == "stderr" else "stdout"
@@ -213,8 +274,8 @@ def blamed(beats: dict[int, Beat], active: list[int], limit_s: float, now: float
     return lost + [r for r in pool if beats[r].steps == least]
 
 
-def watchdog_report(beats: dict[int, Beat], active: list[int], limit_s: float, now: float
-                    ) -> str:
+def watchdog_report(beats: dict[int, Beat], active: list[int], limit_s: float, now: float,
+                    how: str = "") -> str:
     """First line: the likely culprit(s); then one line per rank with where it is."""
     culprits = blamed(beats, active, limit_s, now)
 
@@ -225,7 +286,7 @@ def watchdog_report(beats: dict[int, Beat], active: list[int], limit_s: float, n
             if now - beats[r].heard_at > limit_s else ""
         return f"rank {r} {beats[r].describe(now)}{lost}"
 
-    return (f"watchdog: no progress for {limit_s:g}s; likely cause: " +
+    return (f"watchdog: no progress for {limit_s:g}s{how}; likely cause: " +
             "; ".join(line(r) for r in culprits) +
             ". Raise watchdogTimeout if steps are legitimately this slow. Every rank:\n" +
             "\n".join(f"  {line(r)}" for r in active))

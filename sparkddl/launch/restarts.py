@@ -3,11 +3,13 @@ decides; the fit carries the decision out."""
 from __future__ import annotations
 
 import logging
+import re
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from sparkddl import checkpoint
-from sparkddl.errors import ClusterError, NonFiniteLossError, TrainingFailedError, TransformError
+from sparkddl.errors import (ClusterError, NonFiniteLossError, RankFailure, TrainingFailedError,
+                             TransformError)
 from sparkddl.launch import preflight
 from sparkddl.store import Store
 
@@ -49,12 +51,26 @@ class RestartPolicy:
             return None
         return max(self.timeout_s - (time.perf_counter() - self.started), 0.0)
 
+    # signatures of the earlier attempts' causes, and how many attempts hung
+    seen: dict[str, int] = field(default_factory=dict)
+    hangs: int = 0
+
     def final_error(self, attempt: int, exc: TrainingFailedError) -> TrainingFailedError | None:
         """None to relaunch; else the error that ends the fit."""
         repeats = will_repeat(exc, self.num_workers)
-        if attempt < self.max_restarts and self.remaining() != 0 and not repeats:
+        again = self._seen_before(attempt, exc)
+        hung = exc.reason.startswith("watchdog")
+        self.hangs += hung
+        if attempt < self.max_restarts and self.remaining() != 0 and not repeats and \
+                again is None and self.hangs < 2:
             return None
-        if repeats and _non_finite(exc):
+        if again is not None:
+            reason = (f"{exc.reason} (not retried: attempt {again} failed the same way: "
+                      f"{again_text(exc)})")
+        elif hung and self.hangs >= 2:
+            reason = (f"{exc.reason} (not retried: attempt {attempt - 1} hung too; a hang is "
+                      "retried once)")
+        elif repeats and _non_finite(exc):
             reason = (f"{exc.reason} (not retried: a relaunch from the last checkpoint would "
                       "reach the same batch with the same weights)")
         elif repeats and _transform_failed(exc):
@@ -70,6 +86,19 @@ class RestartPolicy:
                       "failure is shown)")
         return TrainingFailedError(exc.failures, exc.spark_error, attempts=attempt + 1,
                                    reason=reason)
+
+    def _seen_before(self, attempt: int, exc: TrainingFailedError) -> int | None:
+        """The earlier attempt whose cause had this attempt's signature, if any; remembers
+        this one's. Ranks that died without a report (a lost executor or host) have no
+        signature: losing a machine twice is not the same bug twice."""
+        cause = cause_of(exc)
+        if cause is None:
+            return None
+        sig = signature(cause)
+        if sig in self.seen:
+            return self.seen[sig]
+        self.seen[sig] = attempt
+        return None
 
     def wait_for_slots(self, sc: object) -> None:
         """A lost executor is replaced by the cluster manager: wait for its slots before the
@@ -99,6 +128,41 @@ def will_repeat(exc: TrainingFailedError, num_workers: int) -> bool:
     if any(int(f.status.get("steps") or 0) > 0 for f in failures):
         return False
     return len({f.message for f in failures}) == 1
+
+
+_MASKS = (
+    (re.compile(r"\b\d{1,3}(?:\.\d{1,3}){3}\b"), "<ip>"),  # IPv4 addresses
+    (re.compile(r"\[[0-9a-fA-F:]*:[0-9a-fA-F:]*\]"), "<ip>"),  # [IPv6]
+    (re.compile(r"(?:[A-Za-z]:)?(?:[\w.~-]*/)+[\w.~-]*"), "<path>"),  # paths and URLs
+    (re.compile(r"\b[0-9a-f]{8,}\b"), "<hex>"),  # run ids, hashes
+    (re.compile(r"\d+"), "<n>"),  # ranks, ports, pids, counts
+)
+_LOCATION = re.compile(r'File "([^"]+)", line (\d+), in (\S+)')
+
+
+def cause_of(exc: TrainingFailedError) -> RankFailure | None:
+    """The reported failure that caused the attempt's end: the first, unless it is a rank
+    that died without a report (no traceback) or a peer that only saw the cause."""
+    reported = [f for f in exc.failures if f.traceback]
+    return reported[0] if reported else None
+
+
+def signature(failure: RankFailure) -> str:
+    """What makes two failures the same one: the exception's type, where it was raised
+    (file name and function) and its message, with addresses, paths, ids and numbers
+    masked (they differ from rank to rank and attempt to attempt)."""
+    kind, _, message = failure.message.partition(":")
+    places = _LOCATION.findall(failure.traceback)
+    where = f"{places[-1][0].rsplit('/', 1)[-1]}:{places[-1][2]}" if places else "?"
+    text = message.strip()
+    for pattern, mask in _MASKS:
+        text = pattern.sub(mask, text)
+    return f"{kind.strip()} at {where}: {text[:300]}"
+
+
+def again_text(exc: TrainingFailedError) -> str:
+    cause = cause_of(exc)
+    return cause.message.splitlines()[0][:200] if cause else exc.reason
 
 
 def _transform_failed(exc: TrainingFailedError) -> bool:

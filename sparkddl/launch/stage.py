@@ -6,13 +6,13 @@ import functools
 import logging
 import threading
 import time
-import uuid
 import weakref
 from typing import Any, Callable
 
 from sparkddl.channel.server import DriverChannel, Message
-from sparkddl.errors import TrainingFailedError
+from sparkddl.errors import JobCancelledError, TrainingFailedError
 from sparkddl.launch.connect import channel_host
+from sparkddl.launch.jobs import CallerScope, is_cancellation, new_tag
 from sparkddl.launch.monitor import (Handlers, StageMonitor, missing_module,
                                      missing_module_reason, ordered_failures)
 from sparkddl.task.bootstrap import barrier_entry
@@ -22,8 +22,15 @@ log = logging.getLogger(__name__)
 
 # after the first failure report, wait this long for the other ranks' reports
 SILENT_RANK_GRACE_S = 3.0
-# how long to wait for Spark to wind the stage down after a cancel
+# how long to wait for Spark to wind the stage down after a cancel, and then for every rank
+# that connected to be gone (Spark kills a cancelled task's Python worker after
+# spark.python.task.killTimeout, 2 s by default)
 CANCEL_WAIT_S = 30.0
+# a stage Spark ended: connections that closed this soon after the driver woke count as
+# ranks that died by themselves (Spark's own kills of the peers take longer)
+DEAD_GRACE_S = 1.0
+# how long the watchdog waits for the stuck ranks' Python stacks
+STACKS_WAIT_S = 3.0
 # a finished stage: how long the driver waits for the frames its ranks sent last (a model
 # snapshot of many MB may still be on its way when Spark reports the tasks done)
 DRAIN_S = 30.0
@@ -37,12 +44,14 @@ WATCHDOG_POLL_S = 0.5
 
 
 class _Job(threading.Thread):
-    """Runs the barrier stage's collect() under its own job group so it can be cancelled."""
+    """Runs the barrier stage's collect() with a job tag of its own, so that sparkddl can
+    cancel it, in the caller's job group and tags, so that the caller's cancel reaches it."""
 
-    def __init__(self, sc: Any, spec: TaskSpec, group: str, description: str,
+    def __init__(self, sc: Any, spec: TaskSpec, tag: str, description: str,
                  wake: threading.Event, profile: Any = None):
         super().__init__(name=f"sparkddl-job-{spec.run_id}", daemon=True)
-        self.sc, self.spec, self.group, self.description = sc, spec, group, description
+        self.sc, self.spec, self.tag, self.description = sc, spec, tag, description
+        self.scope = CallerScope.capture(sc)  # constructed in the caller's thread
         self.profile = profile  # the stage's resource profile (GPU ranks), or None
         self.wake = wake
         self.result: list[bytes] | None = None
@@ -52,25 +61,30 @@ class _Job(threading.Thread):
     def run(self) -> None:
         try:
             entry = functools.partial(barrier_entry, self.spec)
-            if getattr(self.sc, "is_connect", False):  # Spark Connect: the DataFrame API
-                self.result = self.sc.run_barrier(entry, self.spec.num_workers, self.group)
-                return
-            self.sc.setJobGroup(self.group, self.description, interruptOnCancel=True)
-            n = self.spec.num_workers
-            rdd = self.sc.parallelize(range(n), n)
-            if self.profile is not None:  # this stage alone asks for GPUs
-                rdd = rdd.withResources(self.profile)
-            self.result = rdd.barrier().mapPartitions(entry).collect()
+            self.scope.enter(self.sc, self.tag, self.description)
+            try:
+                self.result = self._collect(entry)
+            finally:
+                self.scope.leave(self.sc, self.tag)
         except BaseException as exc:  # reported by the waiting driver thread
             self.error = exc
         finally:
             self.finished.set()
             self.wake.set()
 
+    def _collect(self, entry: Any) -> list[bytes]:
+        n = self.spec.num_workers
+        if getattr(self.sc, "is_connect", False):  # Spark Connect: the DataFrame API
+            return self.sc.run_barrier(entry, n)
+        rdd = self.sc.parallelize(range(n), n)
+        if self.profile is not None:  # this stage alone asks for GPUs
+            rdd = rdd.withResources(self.profile)
+        return rdd.barrier().mapPartitions(entry).collect()
+
 
 def run_stage(sc: Any, make_spec: SpecFactory, timeout_s: float | None = None,
               handlers: Handlers | None = None, description: str = "sparkddl",
-              watchdog_s: float | None = None, profile: Any = None) -> list[bytes]:
+              watchdog_s: float | str | None = None, profile: Any = None) -> list[bytes]:
     """Run one barrier stage and return what its tasks yielded.
 
     Raises TrainingFailedError as soon as a rank reports a failure (after a short grace for
@@ -102,19 +116,23 @@ def run_stage(sc: Any, make_spec: SpecFactory, timeout_s: float | None = None,
 
 
 def _run(sc: Any, spec: TaskSpec, monitor: StageMonitor, timeout_s: float | None,
-         watchdog_s: float | None, description: str, profile: Any = None) -> list[bytes]:
-    job = _Job(sc, spec, f"sparkddl-{spec.run_id}-{uuid.uuid4().hex[:6]}", description,
-               monitor.wake, profile)
+         watchdog_s: float | str | None, description: str, profile: Any = None) -> list[bytes]:
+    job = _Job(sc, spec, new_tag(spec.run_id), description, monitor.wake, profile)
     started = time.monotonic()
     job.start()
-    reason = _wait(job, monitor, timeout_s, started, watchdog_s, spec.num_workers)
+    try:
+        reason = _wait(job, monitor, timeout_s, started, watchdog_s, spec.num_workers)
+    except KeyboardInterrupt as exc:  # a notebook's stop button, Ctrl-C
+        _stop(sc, job, monitor, spec)
+        raise JobCancelledError(f"run {spec.run_id} was interrupted (KeyboardInterrupt); "
+                                "its barrier stage was cancelled and every rank has "
+                                "ended") from exc
     decided = time.monotonic()  # connections that close after this were closed by the cancel
-    if not job.finished.is_set():  # a rank failed or time ran out: stop everyone still running
-        if getattr(sc, "is_connect", False):
-            sc.cancel(job.group)
-        else:
-            sc.cancelJobGroup(job.group)
-        job.join(CANCEL_WAIT_S)
+    ours = not job.finished.is_set()
+    if ours:  # a rank failed or time ran out: stop everyone still running
+        _stop(sc, job, monitor, spec)
+    elif job.error is not None:  # the ranks of a failed stage may still be running
+        _ranks_gone(monitor, spec)
     if job.error is None and not reason:
         if spec.offline:
             _log_finished(spec, started)
@@ -131,13 +149,46 @@ def _run(sc: Any, spec: TaskSpec, monitor: StageMonitor, timeout_s: float | None
         _log_finished(spec, started)
         return job.result or []
     spark_error = _error_text(job.error)
+    if not ours and is_cancellation(spark_error):
+        raise JobCancelledError(f"run {spec.run_id} was cancelled: its Spark job was "
+                                f"cancelled ({_cancel_line(spark_error)}); every rank has "
+                                "ended")
+    # a rank whose connection closed without a report before the driver cancelled the
+    # stage died by itself; when Spark ended the stage, the connection of the rank that
+    # died may be handled a moment after the peer's report that woke the driver
+    cutoff = decided if ours else decided + DEAD_GRACE_S
     failures = ordered_failures(spark_error, list(monitor.failures.values()),
-                                monitor.died_silently(decided))
+                                monitor.died_silently(cutoff))
     module = missing_module(spark_error) if not monitor.failures else None
     if module and not reason:  # the task could not even start sparkddl's entry
         reason = missing_module_reason(module)
     raise TrainingFailedError(failures, spark_error=spark_error,
                               reason=reason or "the barrier stage failed")
+
+
+def _stop(sc: Any, job: _Job, monitor: StageMonitor, spec: TaskSpec) -> None:
+    """Cancel the stage and return once its ranks are gone (or the wait is over)."""
+    sc.cancelJobsWithTag(job.tag)
+    job.join(CANCEL_WAIT_S)
+    _ranks_gone(monitor, spec)
+
+
+def _ranks_gone(monitor: StageMonitor, spec: TaskSpec) -> None:
+    """Spark reports a cancelled or failed stage before its tasks' Python workers have
+    stopped: a relaunch (or the caller) must not go on while they may still train and write
+    checkpoints. Every rank that connected is gone once its connection has closed."""
+    alive = monitor.wait_disconnected(CANCEL_WAIT_S)
+    if alive:
+        log.warning("run %s attempt %d: rank(s) %s still connected %gs after the stage ended; "
+                    "their writes are refused (the attempt is fenced)", spec.run_id,
+                    spec.attempt, ", ".join(map(str, alive)), CANCEL_WAIT_S)
+
+
+def _cancel_line(text: str) -> str:
+    for line in text.splitlines():
+        if is_cancellation(line):
+            return line.strip()[:300]
+    return text.strip().splitlines()[0][:300] if text.strip() else "no detail"
 
 
 def _log_finished(spec: TaskSpec, started: float) -> None:
@@ -146,7 +197,7 @@ def _log_finished(spec: TaskSpec, started: float) -> None:
 
 
 def _wait(job: _Job, monitor: StageMonitor, timeout_s: float | None, started: float,
-          watchdog_s: float | None, world: int) -> str:
+          watchdog_s: float | str | None, world: int) -> str:
     """Block until the job ends, a rank fails, the timeout passes or the watchdog fires;
     '' if the job ended."""
     while True:
@@ -157,6 +208,7 @@ def _wait(job: _Job, monitor: StageMonitor, timeout_s: float | None, started: fl
             remaining = WATCHDOG_POLL_S if remaining is None else min(remaining, WATCHDOG_POLL_S)
             stalled = monitor.stalled(watchdog_s, world)
             if stalled:
+                stalled += _stacks_text(monitor)
                 log.warning("%s", stalled)  # the whole picture; a restart keeps its first line
                 return stalled
         monitor.wake.wait(remaining)
@@ -166,6 +218,19 @@ def _wait(job: _Job, monitor: StageMonitor, timeout_s: float | None, started: fl
             return "training failed"
         if job.finished.is_set():
             return ""
+
+
+def _stacks_text(monitor: StageMonitor) -> str:
+    """The Python stacks of the ranks the watchdog blamed, as they answer."""
+    stacks = monitor.collect_stacks(monitor.culprits, STACKS_WAIT_S)
+    parts = []
+    for rank in monitor.culprits:
+        text = stacks.get(rank)
+        parts.append(f"\nPython stacks of rank {rank}:\n{text.rstrip()}" if text else
+                     f"\nrank {rank} did not send its Python stacks within {STACKS_WAIT_S:g}s "
+                     "(its interpreter is blocked, e.g. in native code holding the GIL, or "
+                     "its process is gone)")
+    return "".join(parts)
 
 
 def _grace(job: _Job, monitor: StageMonitor, world: int) -> None:

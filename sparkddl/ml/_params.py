@@ -288,7 +288,7 @@ class HasTorchEstimatorParams(HasTorchModelParams):
         typeConverter=TypeConverters.identity)
     watchdogTimeout: Param = Param(
         Params._dummy(), 'watchdogTimeout',
-        'seconds without progress on a rank before the attempt is failed (None: no watchdog)',
+        "seconds without progress on a rank before the attempt is failed; 'auto': 20x the slowest step seen, at least 60 s (300 s up to the first step); None: no watchdog",
         typeConverter=TypeConverters.identity)
 
     def __init__(self) -> None:
@@ -303,7 +303,7 @@ class HasTorchEstimatorParams(HasTorchModelParams):
                 backwardPassesPerStep=1, gradientClipNorm=None, gradientClipValue=None,
                 transformFn=None, trainStep=None, onNonFiniteLoss='raise', strategy='allreduce',
                 strategyOptions={}, progress=True, checkpointEvery=1, checkpointEverySteps=0,
-                keepCheckpoints=3, maxRestarts=2, runId=None, watchdogTimeout=900.0)
+                keepCheckpoints=3, maxRestarts=2, runId=None, watchdogTimeout='auto')
 
     def setModel(self, value: Any) -> Any:
         """Sets model: torch.nn.Module, zero-argument factory returning one, or a name (mlp, cnn, package.module:factory)"""
@@ -658,11 +658,11 @@ class HasTorchEstimatorParams(HasTorchModelParams):
         return self.getOrDefault(self.runId)
 
     def setWatchdogTimeout(self, value: Any) -> Any:
-        """Sets watchdogTimeout: seconds without progress on a rank before the attempt is failed (None: no watchdog)"""
+        """Sets watchdogTimeout: seconds without progress on a rank before the attempt is failed; 'auto': 20x the slowest step seen, at least 60 s (300 s up to the first step); None: no watchdog"""
         return self._set(watchdogTimeout=value)
 
     def getWatchdogTimeout(self) -> Any:
-        """watchdogTimeout: seconds without progress on a rank before the attempt is failed (None: no watchdog)"""
+        """watchdogTimeout: seconds without progress on a rank before the attempt is failed; 'auto': 20x the slowest step seen, at least 60 s (300 s up to the first step); None: no watchdog"""
         return self.getOrDefault(self.watchdogTimeout)
 
 
@@ -686,7 +686,7 @@ class TorchEstimatorBase(Estimator, HasTorchEstimatorParams):
             onNonFiniteLoss: Any = 'raise', strategy: Any = 'allreduce', strategyOptions: Any = {},
             progress: Any = True, checkpointEvery: Any = 1, checkpointEverySteps: Any = 0,
             keepCheckpoints: Any = 3, maxRestarts: Any = 2, runId: Any = None,
-            watchdogTimeout: Any = 900.0, predictionCol: Any = 'prediction',
+            watchdogTimeout: Any = 'auto', predictionCol: Any = 'prediction',
             probabilityCol: Any = 'probability', rawPredictionCol: Any = 'rawPrediction',
             inferenceBatchSize: Any = 1024, inferenceDevice: Any = 'auto') -> None:
         super().__init__()
@@ -709,7 +709,7 @@ class TorchEstimatorBase(Estimator, HasTorchEstimatorParams):
             onNonFiniteLoss: Any = 'raise', strategy: Any = 'allreduce', strategyOptions: Any = {},
             progress: Any = True, checkpointEvery: Any = 1, checkpointEverySteps: Any = 0,
             keepCheckpoints: Any = 3, maxRestarts: Any = 2, runId: Any = None,
-            watchdogTimeout: Any = 900.0, predictionCol: Any = 'prediction',
+            watchdogTimeout: Any = 'auto', predictionCol: Any = 'prediction',
             probabilityCol: Any = 'probability', rawPredictionCol: Any = 'rawPrediction',
             inferenceBatchSize: Any = 1024, inferenceDevice: Any = 'auto') -> Any:
         """Sets the given Params; the others keep their values."""

@@ -18,7 +18,8 @@ from datetime import timedelta
 from typing import Any, Iterable, Iterator
 
 from sparkddl.channel.client import RankChannel
-from sparkddl.channel.messages import Done, Error, Rendezvous, Stop, parse
+from sparkddl.channel.messages import (DumpStacks, Done, Error, Rendezvous, Stacks, Stop,
+                                       parse)
 from sparkddl.channel.offline import OfflineChannel
 from sparkddl.errors import ClusterError
 from sparkddl.task import context
@@ -27,6 +28,7 @@ from sparkddl.task.dist import note_visible_devices
 from sparkddl.task.gpu import map_gpu_addresses
 from sparkddl.task.heartbeat import Heartbeat
 from sparkddl.task.logs import forward_output
+from sparkddl.task.stacks import python_stacks
 from sparkddl.task.spec import TaskSpec
 
 log = logging.getLogger(__name__)
@@ -143,13 +145,19 @@ def _dump_result(value: Any) -> bytes:
 
 
 def _connect(spec: TaskSpec, rank: int) -> RankChannel:
+    opened: list[RankChannel] = []
+
     def on_control(header: dict[str, Any]) -> None:
-        if isinstance(parse(header), Stop) and context.is_active():
+        body = parse(header)
+        if isinstance(body, Stop) and context.is_active():
             context.current().stop_requested.set()
+        elif isinstance(body, DumpStacks) and opened:  # the watchdog fired
+            opened[0].post(Stacks(), python_stacks().encode("utf-8", "replace"))
 
     try:
-        return RankChannel(spec.channel_host, spec.channel_port, spec.secret, rank,
-                           on_control=on_control)
+        opened.append(RankChannel(spec.channel_host, spec.channel_port, spec.secret, rank,
+                                  on_control=on_control))
+        return opened[0]
     except OSError as exc:
         raise ClusterError(
             f"rank {rank} on {socket.gethostname()} cannot reach the driver channel at "

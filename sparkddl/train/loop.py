@@ -14,7 +14,7 @@ import logging
 import time
 from typing import Any
 
-from sparkddl import strategies
+from sparkddl import checkpoint, strategies
 from sparkddl.channel import protocol
 from sparkddl.channel.messages import Epoch, Progress, Snapshot
 from sparkddl.data.reader import epoch_batches
@@ -314,6 +314,10 @@ class _Reporter:
             return
         # large models: through the Store, with only a notice on the channel
         store = Store.from_uri(self.spec.store_root)
-        url = store.run_url(self.spec.run_id, "snapshots", f"epoch-{epoch:05d}.pt")
+        # per attempt, and only by the current one: a cancelled attempt's rank still running
+        # must not replace what the driver is about to read
+        url = store.run_url(self.spec.run_id, "snapshots",
+                            f"epoch-{epoch:05d}-attempt-{self.ctx.attempt}.pt")
+        checkpoint.check_fence(store, self.spec.run_id, self.spec.fence)
         store.write_bytes(url, data)
         self.ctx.channel.post(Snapshot(epoch, final, url))

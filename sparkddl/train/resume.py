@@ -41,14 +41,16 @@ def save(spec: Any, ctx: context.RankContext, run: Any, done_epochs: int,
         return
     payload = {"epoch": done_epochs, "step": steps_into_next, "global_steps": global_steps,
                "model": {k: v.detach().cpu() for k, v in model.items()},
-               "optimizer": optimizer, "ranks": everyone, "seed": spec.config.seed}
+               "optimizer": optimizer, "ranks": everyone, "seed": spec.config.seed,
+               "attempt": ctx.attempt}
     if run.scheduler is not None:
         payload["scheduler"] = run.scheduler.state_dict()
     if run.scaler is not None:
         payload["scaler"] = run.scaler.state_dict()
     store = Store.from_uri(spec.store_root)
     ref = checkpoint.save(store, spec.run_id, done_epochs, steps_into_next, payload,
-                          spec.config.keep_checkpoints)
+                          spec.config.keep_checkpoints, fence=spec.fence,
+                          protect=spec.resume_url)
     if ctx.channel is not None:
         ctx.channel.post(Checkpoint(done_epochs, steps_into_next, ref.url))
 

@@ -26,6 +26,7 @@ class TrainSpec:
     store_root: str
     progress_interval_s: float = 1.0
     resume_url: str | None = None  # the checkpoint to resume from, chosen by the driver
+    fence: str | None = None  # this attempt's token: only the current attempt writes
     scheduler: SchedulerRecipe | None = None
     step_fn: LossFn | None = None  # None: model(*features), loss(output, label)
 

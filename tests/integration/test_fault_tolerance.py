@@ -178,20 +178,27 @@ def test_watchdog_catches_a_rank_stuck_before_its_first_step(spark_local, tmp_pa
 
 
 @pytest.mark.timeout(300)
-def test_a_failure_on_every_attempt_is_one_clear_error(spark_local, tmp_path):
+def test_a_failure_that_repeats_ends_the_fit_at_its_first_repeat(spark_local, tmp_path):
     loss = FailingLoss(str(tmp_path / "marker"), at_step=3, always=True)
     with pytest.raises(TrainingFailedError) as info:
         estimator(tmp_path, loss, maxRestarts=2).fit(digits_df(spark_local))
     err = info.value
-    assert err.attempts == 3 and 1 in err.ranks
-    assert "failed on every one of 3 attempts" in str(err)
-    assert "injected failure at step 3" in str(err) and "Traceback" in str(err)
+    assert err.attempts == 2 and 1 in err.ranks
+    assert "not retried: attempt 0 failed the same way: RuntimeError: injected failure at " \
+           "step 3" in str(err)
+    assert "Traceback" in str(err)
 
 
 @pytest.mark.timeout(300)
-def test_watchdog_turns_a_stuck_rank_into_a_restart(spark_local, tmp_path):
+def test_watchdog_turns_a_stuck_rank_into_a_restart(spark_local, tmp_path, caplog):
     loss = FailingLoss(str(tmp_path / "marker"), at_step=20, how="hang")
-    model = estimator(tmp_path, loss, watchdogTimeout=4.0).fit(digits_df(spark_local))
+    with caplog.at_level(logging.WARNING, logger="sparkddl.launch.stage"):
+        model = estimator(tmp_path, loss, watchdogTimeout=4.0).fit(digits_df(spark_local))
+    # the report carries the stuck rank's Python stack: where it is, not only its phase
+    [report] = [r.getMessage() for r in caplog.records
+                if r.name == "sparkddl.launch.stage" and "watchdog" in r.getMessage()]
+    stack = report.split("Python stacks of rank 1:", 1)[1]
+    assert 'Thread "MainThread"' in stack and "in forward" in stack and "time.sleep" in stack
     assert_complete(model)
     assert len(model.restarts) == 1, model.restarts
     [restart] = model.restarts
@@ -302,3 +309,14 @@ def test_channel_rejects_intruders_and_training_goes_on(spark_local, tmp_path, c
     captured = capfd.readouterr()
     everything = caplog.text + captured.out + captured.err
     assert found["secret"] not in everything  # the run's secret never reaches a log
+
+
+@pytest.mark.timeout(300)
+def test_a_hang_is_retried_once(spark_local, tmp_path):
+    loss = FailingLoss(str(tmp_path / "marker"), at_step=5, how="hang", always=True)
+    with pytest.raises(TrainingFailedError) as info:
+        estimator(tmp_path, loss, watchdogTimeout=3.0, maxRestarts=5).fit(
+            digits_df(spark_local))
+    assert info.value.attempts == 2
+    assert str(info.value).startswith("watchdog: no progress for 3s; likely cause: rank 1")
+    assert "(not retried: attempt 0 hung too; a hang is retried once)" in str(info.value)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from sparkddl import checkpoint
-from sparkddl.errors import CheckpointError
+from sparkddl.errors import CheckpointError, StaleAttemptError
 from sparkddl.store import Store
 
 
@@ -69,3 +69,23 @@ def test_driver_state_follows_the_kept_checkpoints(tmp_path):
     assert [n for n in names if n.startswith("driver")] == ["driver-00003.pt", "driver-00004.pt"]
     assert checkpoint.load_driver_state(store, "r1", 4)["best_value"] == 0.5
     assert checkpoint.load_driver_state(store, "r1", 1) is None
+
+
+def test_an_attempt_that_is_no_longer_current_writes_and_deletes_nothing(tmp_path):
+    store = Store.from_uri(tmp_path)
+    checkpoint.set_fence(store, "r1", "0-aaa")
+    checkpoint.save(store, "r1", 1, 0, payload(1.0), keep=1, fence="0-aaa")
+    checkpoint.set_fence(store, "r1", "1-bbb")  # the driver relaunched
+    with pytest.raises(StaleAttemptError, match="attempt 0-aaa of run r1 is no longer current"):
+        checkpoint.save(store, "r1", 2, 0, payload(2.0), keep=1, fence="0-aaa")
+    assert [(r.epoch, r.step) for r in checkpoint.listing(store, "r1")] == [(1, 0)]
+    checkpoint.save(store, "r1", 2, 0, payload(2.0), keep=1, fence="1-bbb")
+    assert [(r.epoch, r.step) for r in checkpoint.listing(store, "r1")] == [(2, 0)]
+
+
+def test_rotation_never_deletes_the_checkpoint_the_attempt_resumed_from(tmp_path):
+    store = Store.from_uri(tmp_path)
+    resumed = checkpoint.save(store, "r1", 1, 0, payload(1.0), keep=1)
+    for epoch in (2, 3):
+        checkpoint.save(store, "r1", epoch, 0, payload(epoch), keep=1, protect=resumed.url)
+    assert [(r.epoch, r.step) for r in checkpoint.listing(store, "r1")] == [(1, 0), (3, 0)]

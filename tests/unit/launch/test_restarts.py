@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 
 from sparkddl.errors import RankFailure, TrainingFailedError
-from sparkddl.launch.restarts import RestartPolicy, will_repeat
+from sparkddl.launch.restarts import RestartPolicy, signature, will_repeat
 
 
 def failed(*failures: RankFailure) -> TrainingFailedError:
@@ -51,3 +51,42 @@ def test_failures_that_may_not_recur_are_retried():
     assert not will_repeat(failed(report(0, same, 0), report(1, "OSError: y", 0)), 2)
     assert not will_repeat(failed(report(0, same, 5), report(1, same, 5)), 2)
     assert not will_repeat(failed(report(0, same, 0), RankFailure(1, same)), 2)
+
+
+def test_a_failure_that_repeats_ends_the_fit_at_its_first_repeat():
+    """Same type, place and message once ranks, addresses, ports and paths are masked."""
+    p = policy(max_restarts=5)
+    first = RankFailure(1, "RuntimeError: Gloo connectFullMesh failed, remote=[10.78.0.2]:5521",
+                        traceback='  File "/a/torch/c10d.py", line 9, in init\n', status={})
+    again = RankFailure(0, "RuntimeError: Gloo connectFullMesh failed, remote=[10.78.0.1]:4107",
+                        traceback='  File "/b/torch/c10d.py", line 9, in init\n', status={})
+    assert p.final_error(0, failed(first)) is None
+    final = p.final_error(1, failed(again))
+    assert final is not None and final.attempts == 2
+    assert "not retried: attempt 0 failed the same way" in str(final)
+
+
+def test_different_failures_and_silent_deaths_are_not_repeats():
+    p = policy(max_restarts=5)
+    assert p.final_error(0, failed(report(1, "RuntimeError: injected at step 3", 3))) is None
+    assert p.final_error(1, failed(report(1, "ValueError: another bug", 5))) is None
+    silent = RankFailure(1, "its connection to the driver closed without a report")
+    assert p.final_error(2, failed(silent)) is None
+    assert p.final_error(3, failed(silent)) is None  # a lost machine twice is no bug
+
+
+def test_the_signature_masks_what_differs_between_attempts():
+    a = RankFailure(1, "DataError: rank 1 cannot read /data/t/part-0007-9f3ab2c1d4.parquet",
+                    traceback='  File "/x/reader.py", line 40, in open_file\n')
+    b = RankFailure(0, "DataError: rank 0 cannot read /data/t/part-0002-0c1d2e3f4a.parquet",
+                    traceback='  File "/y/reader.py", line 41, in open_file\n')
+    assert signature(a) == signature(b) == "DataError at reader.py:open_file: rank <n> " \
+                                           "cannot read <path>"
+
+
+def test_a_hang_is_retried_once():
+    p = policy(max_restarts=5)
+    hang = TrainingFailedError([], reason="watchdog: no progress for 60s; likely cause: rank 1")
+    assert p.final_error(0, hang) is None
+    final = p.final_error(1, hang)
+    assert final is not None and "a hang is retried once" in str(final)

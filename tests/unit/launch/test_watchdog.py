@@ -223,3 +223,31 @@ def test_a_finished_stage_waits_for_each_ranks_done_or_its_connection_end():
     # rank 1's frames may be lost: named for the warning, but it did not die
     assert monitor.closed_without_done(3) == [1]
     assert monitor.died_silently(time.monotonic()) == [] and monitor.accounted() == 0
+
+
+def test_auto_limit_is_twenty_slowest_steps_and_at_least_a_minute():
+    """watchdogTimeout='auto': 300 s up to the first step; then max(60 s, 20x the slowest
+    move seen)."""
+    from sparkddl.launch.monitor import AUTO_FLOOR_S
+    clock = Clock()
+    monitor = StageMonitor(clock=clock)
+    monitor.handle(beat(0, 0, "reading the first batch"))
+    clock.now += START_LIMIT_S - 1
+    assert monitor.stalled("auto", 1) == ""  # before the first step: the start budget
+    clock.now += 2
+    assert "no progress for 60s" in monitor.stalled("auto", 1)
+    for steps in range(1, 4):  # steps of 5 s each
+        clock.now += 5.0
+        monitor.handle(beat(0, steps, "computing the loss"))
+    assert monitor.auto_limit() == 100.0
+    clock.now += 99
+    assert monitor.stalled("auto", 1) == ""
+    clock.now += 2
+    report = monitor.stalled("auto", 1)
+    assert report.startswith("watchdog: no progress for 100s (watchdogTimeout='auto': 20x the "
+                             "slowest step seen, 5.0s, at least 60s); likely cause: rank 0")
+    fast = StageMonitor(clock=clock)
+    fast.handle(beat(0, 1, "x"))
+    clock.now += 0.1
+    fast.handle(beat(0, 2, "x"))
+    assert fast.auto_limit() == AUTO_FLOOR_S
