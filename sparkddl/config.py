@@ -216,6 +216,13 @@ class TrainConfig:
     max_restarts: int = option(2, "relaunches of the barrier stage after a failure, each "
                                "resuming from the last good checkpoint", param="maxRestarts",
                                convert="toInt")
+    min_workers: int | None = option(
+        None, "after a lost executor, go on with at least this many ranks from the last "
+        "epoch checkpoint when fewer slots come back (elastic; None: numWorkers, no "
+        "elasticity)", param="minWorkers", convert="toInt")
+    slot_wait_s: float = option(120.0, "seconds to wait for task slots before a relaunch; "
+                                "then go on with minWorkers ranks or fail", param="slotWaitTimeout",
+                                convert="toFloat")
     run_id: str | None = option(None, "resume this earlier run from its last good checkpoint "
                                 "(None: a new run)", param="runId")
     watchdog_s: float | str | None = option(
@@ -247,6 +254,14 @@ class TrainConfig:
         _non_negative_int("checkpoint_every_steps", self.checkpoint_every_steps)
         _positive_int("keep_checkpoints", self.keep_checkpoints)
         _non_negative_int("max_restarts", self.max_restarts)
+        optional_positive_int("min_workers", self.min_workers)
+        if self.min_workers is not None and self.min_workers > self.num_workers:
+            raise ConfigError(f"min_workers={self.min_workers} is more than num_workers="
+                              f"{self.num_workers}; it is the fewest ranks a fit goes on with")
+        if self.slot_wait_s is None:
+            raise ConfigError("slot_wait_s must be positive seconds: waiting for slots is "
+                              "always bounded")
+        positive_seconds("slot_wait_s", self.slot_wait_s)
         if self.run_id is not None and not (isinstance(self.run_id, str) and
                                             self.run_id.replace("-", "").isalnum()):
             raise ConfigError(f"run_id must be letters, digits and '-', got {self.run_id!r}")

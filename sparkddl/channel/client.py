@@ -25,13 +25,16 @@ ControlHandler = Callable[[dict[str, Any]], None]
 
 class RankChannel:
     def __init__(self, host: str, port: int, secret: str, rank: int,
-                 on_control: ControlHandler | None = None):
+                 on_control: ControlHandler | None = None, label: str = "",
+                 executor: str = ""):
         self.rank = rank
         self._sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
         self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         protocol.client_handshake(self._sock, secret)
         self._sock.settimeout(None)
-        protocol.send_frame(self._sock, Hello(rank, socket.gethostname(), os.getpid()).header())
+        # label: where the rank runs (its executor's address), as the driver names it
+        protocol.send_frame(self._sock, Hello(rank, label or socket.gethostname(),
+                                              os.getpid(), executor).header())
         # items are frames to send, or an Event to set once everything before it was sent
         self._queue: queue.Queue[tuple[dict[str, Any], bytes] | threading.Event | None] = \
             queue.Queue()

@@ -27,8 +27,9 @@ class Hello(Body):
     """First frame of a connection (after the handshake)."""
     KIND: ClassVar[str] = "hello"
     rank: int
-    host: str = ""
+    host: str = ""  # where the rank runs: its executor's address (and id, and hostname)
     pid: int = 0
+    executor: str = ""  # the executor's id, where the cluster manager tells it
 
 
 @dataclass(frozen=True)

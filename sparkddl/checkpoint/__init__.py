@@ -119,9 +119,12 @@ def listing(store: Store, run_id: str) -> list[CheckpointRef]:
     return sorted(refs, key=lambda r: (r.epoch, r.step))
 
 
-def latest_good(store: Store, run_id: str) -> CheckpointRef | None:
-    """The newest checkpoint that passes its checksum, warning about each one skipped."""
+def latest_good(store: Store, run_id: str, epoch_end: bool = False) -> CheckpointRef | None:
+    """The newest checkpoint that passes its checksum (with ``epoch_end``, among those
+    written at an epoch's end), warning about each one skipped."""
     for ref in reversed(listing(store, run_id)):
+        if epoch_end and ref.step:
+            continue
         try:
             verify(store.read_bytes(ref.url), ref.url)
             return ref

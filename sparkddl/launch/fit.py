@@ -21,12 +21,14 @@ from sparkddl.launch.bounded import bounded_jobs
 from sparkddl.launch.callbacks import Callbacks
 from sparkddl.launch.checks import ProblemInfo
 from sparkddl.launch.connect import cluster_context
+from sparkddl.launch.elastic import check_elastic, resized
 from sparkddl.launch.evaluation import EvaluationResult, SnapshotEvaluator
 from sparkddl.launch.inputs import check_best_by_early, fit_inputs, shard_plan
 from sparkddl.launch.launcher import launch_ranks, new_run_id
 from sparkddl.launch.monitor import Handlers
 from sparkddl.launch.progress import Progress
 from sparkddl.launch.restarts import Restart, RestartPolicy, record_restart
+from sparkddl.launch.slots import forget_lost_executors, world_after_failure
 from sparkddl.store import Store
 from sparkddl.train.loop import train
 from sparkddl.train.metrics import best_mode, per_batch
@@ -105,6 +107,7 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
     started = time.perf_counter()
     config.validate()
     check_best_by_early(config)
+    check_elastic(config)
     sc = cluster_context(spark)
     preflight.check_cluster(sc, config.num_workers, config.use_gpu)
     # unknown names and options; what the installed torch cannot run on these devices
@@ -134,8 +137,12 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
              config.strategy)
     policy = RestartPolicy(config.max_restarts, config.timeout_s, started, config.num_workers,
                            config.use_gpu)
+    def replan(resized: TrainConfig) -> Any:
+        return shard_plan(data, resized, resized.num_workers, inputs.transform_shapes)
+
     try:
-        summary, restarts = _attempts(sc, spec, config, store, evaluator, progress, policy)
+        summary, restarts = _attempts(sc, spec, config, store, evaluator, progress, policy,
+                                      replan)
     finally:
         progress.close()
         evaluated = evaluator.close()
@@ -153,16 +160,18 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
                      evaluation_errors=evaluated.errors)
 
 
-def _attempts(sc: Any, spec: TrainSpec, config: TrainConfig, store: Store,
-              evaluator: SnapshotEvaluator, progress: Progress, policy: RestartPolicy
-              ) -> tuple[dict[str, Any], list[Restart]]:
+def _attempts(sc: Any, base: TrainSpec, config: TrainConfig, store: Store,
+              evaluator: SnapshotEvaluator, progress: Progress, policy: RestartPolicy,
+              replan: Callable[[TrainConfig], Any]) -> tuple[dict[str, Any], list[Restart]]:
     """Launch the ranks; after a failure, relaunch from the last good checkpoint (or from the
-    start) while the policy allows; its final error names every attempt."""
+    start) while the policy allows, on fewer ranks if the slots are gone and minWorkers
+    allows; its final error names every attempt."""
     restarts: list[Restart] = []
     hook = _Dispatch(evaluator, progress)
-    attempt = 0
+    attempt, spec, resized_from = 0, base, None
     while True:
-        ref = checkpoint.latest_good(store, spec.run_id)
+        # a checkpoint inside an epoch belongs to the old world's shards
+        ref = checkpoint.latest_good(store, spec.run_id, epoch_end=resized_from is not None)
         if ref is not None or attempt > 0:  # forget what a failed attempt did after it
             evaluator.rewind(ref.epoch if ref else 0)
         if ref is not None:
@@ -177,7 +186,8 @@ def _attempts(sc: Any, spec: TrainSpec, config: TrainConfig, store: Store,
             summary = launch_ranks(
                 sc, train, (dataclasses.replace(spec, resume_url=ref.url if ref else None,
                                                 fence=fence),),
-                num_workers=config.num_workers, run_id=spec.run_id, use_gpu=config.use_gpu,
+                num_workers=spec.config.num_workers, run_id=spec.run_id,
+                use_gpu=config.use_gpu,
                 timeout_s=policy.remaining(), attempt=attempt, handlers=hook.handlers(attempt),
                 watchdog_s=config.watchdog_s,
                 description=f"sparkddl fit {spec.run_id} attempt {attempt}")
@@ -190,11 +200,20 @@ def _attempts(sc: Any, spec: TrainSpec, config: TrainConfig, store: Store,
             final = policy.final_error(attempt, exc)
             if final is not None:
                 raise final from exc
+            forget_lost_executors(sc, exc.failures)
+            remaining = policy.remaining()
+            world = world_after_failure(
+                sc, config.num_workers, config.min_workers or config.num_workers,
+                config.slot_wait_s if remaining is None else min(remaining, config.slot_wait_s),
+                config.use_gpu, exc.failures)
+            resized_from = spec.config.num_workers if world != spec.config.num_workers \
+                else None
+            spec = resized(base, world, replan)
             restarts.append(record_restart(attempt, exc, store, spec.run_id,
-                                           spec.plan.steps_per_epoch, hook.steps))
+                                           spec.plan.steps_per_epoch, hook.steps, world,
+                                           epoch_end=resized_from is not None))
             evaluator.callbacks.restart(restarts[-1])
             hook.pending = restarts[-1]
-            policy.wait_for_slots(sc)
         attempt += 1
 
 

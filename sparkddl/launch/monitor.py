@@ -27,6 +27,10 @@ START_LIMIT_S = 300.0
 # between two heartbeats that showed it moving (a step, or a phase such as a checkpoint)
 AUTO_FLOOR_S = 60.0
 AUTO_STEPS = 20
+# a rank whose heartbeats (one a second) stop this long while its connection stays open is
+# lost: its host is unreachable or its process frozen. Found in seconds, not after Spark's
+# own executor heartbeat (60 s and more) or a collective's timeout (30 minutes)
+HEARTBEAT_LOST_S = 10.0
 
 
 @dataclass
@@ -77,6 +81,9 @@ class StageMonitor:
         self.closed: dict[int, float] = {}  # rank -> when its connection closed
         self.dropped: set[int] = set()  # ranks whose connection the driver dropped
         self.connected: set[int] = set()  # ranks that said hello
+        self.where: dict[int, str] = {}  # rank -> its executor's address, as it said
+        self.executors: dict[int, str] = {}  # rank -> its executor's id ('' if unknown)
+        self.lost_ranks: list[RankFailure] = []  # ranks found lost, as failures
         self.slowest_move_s = 0.0  # the longest gap between two moves of a rank, after a step
         self.culprits: list[int] = []  # whom the watchdog blamed when it fired
         self.stacks: dict[int, str] = {}  # ranks' Python stacks, when asked for
@@ -100,13 +107,14 @@ class StageMonitor:
                     return missing
                 self._finished.wait(left)
 
-    def wait_disconnected(self, timeout_s: float) -> list[int]:
+    def wait_disconnected(self, timeout_s: float, lost: set[int] = frozenset()) -> list[int]:
         """Wait until the connection of every rank that connected has closed, at most
-        ``timeout_s``; the ranks still connected then."""
+        ``timeout_s``; the ranks still connected then. ``lost`` ranks are not waited for
+        (their connection ends when their host comes back, or never)."""
         deadline = time.monotonic() + timeout_s
         with self._finished:
             while True:
-                alive = sorted(self.connected - set(self.closed))
+                alive = sorted(self.connected - set(self.closed) - set(lost))
                 left = deadline - time.monotonic()
                 if not alive or left <= 0:
                     return alive
@@ -170,6 +178,22 @@ class StageMonitor:
     def _hello(self, msg: Message, body: m.Hello) -> None:
         with self._lock:
             self.connected.add(msg.rank)
+            self.where[msg.rank] = body.host
+            self.executors[msg.rank] = body.executor
+
+    def lost(self, limit_s: float = HEARTBEAT_LOST_S) -> list[RankFailure]:
+        """Ranks that were heard from but whose heartbeats stopped for ``limit_s`` while
+        their connection stayed open, as failures naming where they ran."""
+        now = self.clock()
+        with self._lock:
+            return [RankFailure(r, f"lost: no heartbeat for {now - b.heard_at:.0f}s while its "
+                                   "connection to the driver stayed open (its host is "
+                                   "unreachable, or its process is frozen)",
+                                host=self.where.get(r, ""),
+                                status={"lost": True, "executor": self.executors.get(r, "")})
+                    for r, b in sorted(self.beats.items())
+                    if now - b.heard_at > limit_s and r not in self.done
+                    and r not in self.closed and r not in self.failures]
 
     def _stacks(self, msg: Message, body: m.Stacks) -> None:
         with self._lock:

@@ -8,14 +8,11 @@ import time
 from dataclasses import dataclass, field
 
 from sparkddl import checkpoint
-from sparkddl.errors import (ClusterError, NonFiniteLossError, RankFailure, TrainingFailedError,
-                             TransformError)
-from sparkddl.launch import preflight
+from sparkddl.errors import NonFiniteLossError, RankFailure, TrainingFailedError, TransformError
 from sparkddl.store import Store
 
 log = logging.getLogger(__name__)
 
-RELAUNCH_SLOT_WAIT_S = 120.0
 
 
 @dataclass
@@ -29,6 +26,7 @@ class Restart:
     steps_redone: int  # steps (per rank) the failed attempt did after that checkpoint
     failed_at: float  # time.monotonic() when the failure was raised on the driver
     resumed_at: float | None = None  # when the next attempt's first training step reported
+    world_size: int = 0  # ranks of the next attempt (fewer than numWorkers: elastic)
 
     @property
     def recovery_s(self) -> float | None:
@@ -100,20 +98,6 @@ class RestartPolicy:
         self.seen[sig] = attempt
         return None
 
-    def wait_for_slots(self, sc: object) -> None:
-        """A lost executor is replaced by the cluster manager: wait for its slots before the
-        relaunch (Spark rechecks a barrier stage's slots only every 15 s). If they do not
-        come in time, relaunch anyway: Spark keeps waiting for them itself, and the attempt
-        still counts."""
-        remaining = self.remaining()
-        wait_s = RELAUNCH_SLOT_WAIT_S if remaining is None else min(remaining,
-                                                                     RELAUNCH_SLOT_WAIT_S)
-        try:
-            preflight.check_slots(sc, self.num_workers, wait_s=wait_s,
-                                  profile=preflight.stage_profile(sc, self.use_gpu))
-        except ClusterError as exc:
-            log.warning("relaunching although %s", exc)
-
 
 def will_repeat(exc: TrainingFailedError, num_workers: int) -> bool:
     """Every rank reported the same error before any training step: a configuration or code
@@ -174,10 +158,11 @@ def _non_finite(exc: TrainingFailedError) -> bool:
 
 
 def record_restart(attempt: int, exc: TrainingFailedError, store: Store, run_id: str,
-                   steps_per_epoch: int, steps_seen: int) -> Restart:
+                   steps_per_epoch: int, steps_seen: int, world: int = 0,
+                   epoch_end: bool = False) -> Restart:
     """What the failed attempt reached (``steps_seen``: rank 0's heartbeats) and where the
-    next one resumes from."""
-    latest = checkpoint.latest_good(store, run_id)
+    next one resumes from (``epoch_end``: a checkpoint at an epoch's end, for a new world)."""
+    latest = checkpoint.latest_good(store, run_id, epoch_end)
     epoch, step = (latest.epoch, latest.step) if latest else (0, 0)
     done_at_checkpoint = epoch * steps_per_epoch + step
     # a rank that reported its failure said exactly where it was; else: heartbeats
@@ -189,4 +174,4 @@ def record_restart(attempt: int, exc: TrainingFailedError, store: Store, run_id:
     log.warning("attempt %d of run %s failed (%s); relaunching from %s", attempt, run_id,
                 reason, f"epoch {epoch} step {step}" if latest else "the start")
     return Restart(attempt, reason, epoch, step, max(0, reached - done_at_checkpoint),
-                   time.monotonic())
+                   time.monotonic(), world_size=world)

@@ -13,7 +13,7 @@ from sparkddl.channel.server import DriverChannel, Message
 from sparkddl.errors import JobCancelledError, TrainingFailedError
 from sparkddl.launch.connect import channel_host
 from sparkddl.launch.jobs import CallerScope, is_cancellation, new_tag
-from sparkddl.launch.monitor import (Handlers, StageMonitor, missing_module,
+from sparkddl.launch.monitor import (HEARTBEAT_LOST_S, Handlers, StageMonitor, missing_module,
                                      missing_module_reason, ordered_failures)
 from sparkddl.task.bootstrap import barrier_entry
 from sparkddl.task.spec import TaskSpec
@@ -121,7 +121,8 @@ def _run(sc: Any, spec: TaskSpec, monitor: StageMonitor, timeout_s: float | None
     started = time.monotonic()
     job.start()
     try:
-        reason = _wait(job, monitor, timeout_s, started, watchdog_s, spec.num_workers)
+        reason = _wait(job, monitor, timeout_s, started, watchdog_s, spec.num_workers,
+                       online=not spec.offline)
     except KeyboardInterrupt as exc:  # a notebook's stop button, Ctrl-C
         _stop(sc, job, monitor, spec)
         raise JobCancelledError(f"run {spec.run_id} was interrupted (KeyboardInterrupt); "
@@ -157,8 +158,8 @@ def _run(sc: Any, spec: TaskSpec, monitor: StageMonitor, timeout_s: float | None
     # stage died by itself; when Spark ended the stage, the connection of the rank that
     # died may be handled a moment after the peer's report that woke the driver
     cutoff = decided if ours else decided + DEAD_GRACE_S
-    failures = ordered_failures(spark_error, list(monitor.failures.values()),
-                                monitor.died_silently(cutoff))
+    failures = monitor.lost_ranks + ordered_failures(
+        spark_error, list(monitor.failures.values()), monitor.died_silently(cutoff))
     module = missing_module(spark_error) if not monitor.failures else None
     if module and not reason:  # the task could not even start sparkddl's entry
         reason = missing_module_reason(module)
@@ -177,7 +178,7 @@ def _ranks_gone(monitor: StageMonitor, spec: TaskSpec) -> None:
     """Spark reports a cancelled or failed stage before its tasks' Python workers have
     stopped: a relaunch (or the caller) must not go on while they may still train and write
     checkpoints. Every rank that connected is gone once its connection has closed."""
-    alive = monitor.wait_disconnected(CANCEL_WAIT_S)
+    alive = monitor.wait_disconnected(CANCEL_WAIT_S, {f.rank for f in monitor.lost_ranks})
     if alive:
         log.warning("run %s attempt %d: rank(s) %s still connected %gs after the stage ended; "
                     "their writes are refused (the attempt is fenced)", spec.run_id,
@@ -197,15 +198,19 @@ def _log_finished(spec: TaskSpec, started: float) -> None:
 
 
 def _wait(job: _Job, monitor: StageMonitor, timeout_s: float | None, started: float,
-          watchdog_s: float | str | None, world: int) -> str:
-    """Block until the job ends, a rank fails, the timeout passes or the watchdog fires;
-    '' if the job ended."""
+          watchdog_s: float | str | None, world: int, online: bool = True) -> str:
+    """Block until the job ends, a rank fails or is lost, the timeout passes or the watchdog
+    fires; '' if the job ended."""
     while True:
         remaining = None if timeout_s is None else timeout_s - (time.monotonic() - started)
         if remaining is not None and remaining <= 0:
             return f"timed out after {timeout_s:g}s"
-        if watchdog_s:
+        if online:  # heartbeats come over the channel
             remaining = WATCHDOG_POLL_S if remaining is None else min(remaining, WATCHDOG_POLL_S)
+            monitor.lost_ranks = monitor.lost()
+            if monitor.lost_ranks:
+                return _lost_reason(monitor.lost_ranks)
+        if watchdog_s:
             stalled = monitor.stalled(watchdog_s, world)
             if stalled:
                 stalled += _stacks_text(monitor)
@@ -218,6 +223,14 @@ def _wait(job: _Job, monitor: StageMonitor, timeout_s: float | None, started: fl
             return "training failed"
         if job.finished.is_set():
             return ""
+
+
+def _lost_reason(lost: list) -> str:
+    named = "; ".join(f"rank {f.rank} at {f.host or 'an unknown executor'}" for f in lost)
+    text = (f"lost {named}: no heartbeat for {HEARTBEAT_LOST_S:g}s while its connection "
+            "stayed open (its host is unreachable, or its process is frozen)")
+    log.warning("%s; cancelling the stage", text)
+    return text
 
 
 def _stacks_text(monitor: StageMonitor) -> str:

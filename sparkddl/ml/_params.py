@@ -282,6 +282,14 @@ class HasTorchEstimatorParams(HasTorchModelParams):
         Params._dummy(), 'maxRestarts',
         'relaunches of the barrier stage after a failure, each resuming from the last good checkpoint',
         typeConverter=TypeConverters.toInt)
+    minWorkers: Param = Param(
+        Params._dummy(), 'minWorkers',
+        'after a lost executor, go on with at least this many ranks from the last epoch checkpoint when fewer slots come back (elastic; None: numWorkers, no elasticity)',
+        typeConverter=TypeConverters.toInt)
+    slotWaitTimeout: Param = Param(
+        Params._dummy(), 'slotWaitTimeout',
+        'seconds to wait for task slots before a relaunch; then go on with minWorkers ranks or fail',
+        typeConverter=TypeConverters.toFloat)
     runId: Param = Param(
         Params._dummy(), 'runId',
         'resume this earlier run from its last good checkpoint (None: a new run)',
@@ -303,7 +311,8 @@ class HasTorchEstimatorParams(HasTorchModelParams):
                 backwardPassesPerStep=1, gradientClipNorm=None, gradientClipValue=None,
                 transformFn=None, trainStep=None, onNonFiniteLoss='raise', strategy='allreduce',
                 strategyOptions={}, progress=True, checkpointEvery=1, checkpointEverySteps=0,
-                keepCheckpoints=3, maxRestarts=2, runId=None, watchdogTimeout='auto')
+                keepCheckpoints=3, maxRestarts=2, minWorkers=None, slotWaitTimeout=120.0,
+                runId=None, watchdogTimeout='auto')
 
     def setModel(self, value: Any) -> Any:
         """Sets model: torch.nn.Module, zero-argument factory returning one, or a name (mlp, cnn, package.module:factory)"""
@@ -649,6 +658,22 @@ class HasTorchEstimatorParams(HasTorchModelParams):
         """maxRestarts: relaunches of the barrier stage after a failure, each resuming from the last good checkpoint"""
         return self.getOrDefault(self.maxRestarts)
 
+    def setMinWorkers(self, value: Any) -> Any:
+        """Sets minWorkers: after a lost executor, go on with at least this many ranks from the last epoch checkpoint when fewer slots come back (elastic; None: numWorkers, no elasticity)"""
+        return self._set(minWorkers=value)
+
+    def getMinWorkers(self) -> Any:
+        """minWorkers: after a lost executor, go on with at least this many ranks from the last epoch checkpoint when fewer slots come back (elastic; None: numWorkers, no elasticity)"""
+        return self.getOrDefault(self.minWorkers)
+
+    def setSlotWaitTimeout(self, value: Any) -> Any:
+        """Sets slotWaitTimeout: seconds to wait for task slots before a relaunch; then go on with minWorkers ranks or fail"""
+        return self._set(slotWaitTimeout=value)
+
+    def getSlotWaitTimeout(self) -> Any:
+        """slotWaitTimeout: seconds to wait for task slots before a relaunch; then go on with minWorkers ranks or fail"""
+        return self.getOrDefault(self.slotWaitTimeout)
+
     def setRunId(self, value: Any) -> Any:
         """Sets runId: resume this earlier run from its last good checkpoint (None: a new run)"""
         return self._set(runId=value)
@@ -685,10 +710,11 @@ class TorchEstimatorBase(Estimator, HasTorchEstimatorParams):
             gradientClipValue: Any = None, transformFn: Any = None, trainStep: Any = None,
             onNonFiniteLoss: Any = 'raise', strategy: Any = 'allreduce', strategyOptions: Any = {},
             progress: Any = True, checkpointEvery: Any = 1, checkpointEverySteps: Any = 0,
-            keepCheckpoints: Any = 3, maxRestarts: Any = 2, runId: Any = None,
-            watchdogTimeout: Any = 'auto', predictionCol: Any = 'prediction',
-            probabilityCol: Any = 'probability', rawPredictionCol: Any = 'rawPrediction',
-            inferenceBatchSize: Any = 1024, inferenceDevice: Any = 'auto') -> None:
+            keepCheckpoints: Any = 3, maxRestarts: Any = 2, minWorkers: Any = None,
+            slotWaitTimeout: Any = 120.0, runId: Any = None, watchdogTimeout: Any = 'auto',
+            predictionCol: Any = 'prediction', probabilityCol: Any = 'probability',
+            rawPredictionCol: Any = 'rawPrediction', inferenceBatchSize: Any = 1024,
+            inferenceDevice: Any = 'auto') -> None:
         super().__init__()
         self._set(**self._input_kwargs)
 
@@ -708,9 +734,10 @@ class TorchEstimatorBase(Estimator, HasTorchEstimatorParams):
             gradientClipValue: Any = None, transformFn: Any = None, trainStep: Any = None,
             onNonFiniteLoss: Any = 'raise', strategy: Any = 'allreduce', strategyOptions: Any = {},
             progress: Any = True, checkpointEvery: Any = 1, checkpointEverySteps: Any = 0,
-            keepCheckpoints: Any = 3, maxRestarts: Any = 2, runId: Any = None,
-            watchdogTimeout: Any = 'auto', predictionCol: Any = 'prediction',
-            probabilityCol: Any = 'probability', rawPredictionCol: Any = 'rawPrediction',
-            inferenceBatchSize: Any = 1024, inferenceDevice: Any = 'auto') -> Any:
+            keepCheckpoints: Any = 3, maxRestarts: Any = 2, minWorkers: Any = None,
+            slotWaitTimeout: Any = 120.0, runId: Any = None, watchdogTimeout: Any = 'auto',
+            predictionCol: Any = 'prediction', probabilityCol: Any = 'probability',
+            rawPredictionCol: Any = 'rawPrediction', inferenceBatchSize: Any = 1024,
+            inferenceDevice: Any = 'auto') -> Any:
         """Sets the given Params; the others keep their values."""
         return self._set(**self._input_kwargs)

@@ -10,7 +10,6 @@ from __future__ import annotations
 import functools
 import logging
 import os
-import socket
 import time
 import traceback
 from contextlib import contextmanager
@@ -28,6 +27,7 @@ from sparkddl.task.dist import note_visible_devices
 from sparkddl.task.gpu import map_gpu_addresses
 from sparkddl.task.heartbeat import Heartbeat
 from sparkddl.task.logs import forward_output
+from sparkddl.task.network import executor_address, executor_id, interface_env, rank_label
 from sparkddl.task.stacks import python_stacks
 from sparkddl.task.spec import TaskSpec
 
@@ -44,7 +44,9 @@ def barrier_entry(spec: TaskSpec, _rows: Iterable[Any]) -> Iterator[bytes]:
 
     spark_ctx = BarrierTaskContext.get()
     rank = spark_ctx.partitionId()
-    channel = OfflineChannel(rank) if spec.offline else _connect(spec, rank)
+    # ranks are named by executor address and id: hostnames alone may all be "localhost"
+    where = rank_label(executor_address(spark_ctx.getTaskInfos()[rank].address))
+    channel = OfflineChannel(rank) if spec.offline else _connect(spec, rank, where)
     # "starting" until the rendezvous completes: the watchdog gives startup more time
     status: dict[str, Any] = {"phase": "starting (importing torch)", "steps": 0,
                               "starting": True}
@@ -54,7 +56,7 @@ def barrier_entry(spec: TaskSpec, _rows: Iterable[Any]) -> Iterator[bytes]:
         if exc not in reported:
             reported.append(exc)
             channel.post(Error(_clip(f"{type(exc).__name__}: {exc}"),
-                               _clip(traceback.format_exc()), socket.gethostname(),
+                               _clip(traceback.format_exc()), where,
                                dict(status)))
             channel.flush()
 
@@ -144,7 +146,7 @@ def _dump_result(value: Any) -> bytes:
                         f"({exc}); return plain data (numbers, dicts, tensors, bytes)") from exc
 
 
-def _connect(spec: TaskSpec, rank: int) -> RankChannel:
+def _connect(spec: TaskSpec, rank: int, where: str) -> RankChannel:
     opened: list[RankChannel] = []
 
     def on_control(header: dict[str, Any]) -> None:
@@ -156,11 +158,12 @@ def _connect(spec: TaskSpec, rank: int) -> RankChannel:
 
     try:
         opened.append(RankChannel(spec.channel_host, spec.channel_port, spec.secret, rank,
-                                  on_control=on_control))
+                                  on_control=on_control, label=where,
+                                  executor=executor_id()))
         return opened[0]
     except OSError as exc:
         raise ClusterError(
-            f"rank {rank} on {socket.gethostname()} cannot reach the driver channel at "
+            f"rank {rank} at {where} cannot reach the driver channel at "
             f"{spec.channel_host}:{spec.channel_port} ({exc}); make spark.driver.host an address "
             "executors can reach and allow connections to the driver") from exc
 
@@ -173,7 +176,8 @@ def rank_environment(spec: TaskSpec, spark_ctx: Any, channel: RankChannel,
 
     status["phase"] = "joining the rendezvous"
     rank, world = spark_ctx.partitionId(), spec.num_workers
-    hosts = [info.address.rsplit(":", 1)[0] for info in spark_ctx.getTaskInfos()]
+    hosts = [executor_address(info.address) for info in spark_ctx.getTaskInfos()]
+    network = interface_env(hosts[rank])  # before any process group: gloo reads it then
     store, master_port = _rendezvous(spec, rank, hosts[0], channel, status)
     gpus = _task_gpus(spark_ctx) if spec.use_gpu else []
     threads = spec.torch_threads or max(1, int(spark_ctx.cpus()))
@@ -187,7 +191,11 @@ def rank_environment(spec: TaskSpec, spark_ctx: Any, channel: RankChannel,
     status["phase"] = "running"  # still starting: the function's own setup follows
     saved = (torch.get_num_threads(), torch.get_rng_state())
     ok = False
-    with _patched_environ(_torchrun_env(ctx, threads)), \
+    if network:
+        log.info("rank %d: collectives on interface %s, which carries its executor's address "
+                 "%s (set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME to choose another)", rank,
+                 network["GLOO_SOCKET_IFNAME"], hosts[rank])
+    with _patched_environ({**_torchrun_env(ctx, threads), **network}), \
             pinned(ctx.local_rank, ctx.local_world_size, threads) as cpus, kept_groups():
         if gpus:
             note_visible_devices()

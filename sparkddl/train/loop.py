@@ -182,6 +182,7 @@ def _epoch(run: _Run, epoch: int) -> tuple[dict[str, Any], bool]:
            "lr": lr,
            "samples_per_sec": sums[1].item() * (1 - skip / spec.plan.steps_per_epoch) / elapsed,
            "epoch_time_s": elapsed, "data_wait_s": batches.wait_s, **comm, "attempt": ctx.attempt,
+           "world_size": ctx.world_size,
            "peak_rss_MB": rss.peak_rss_bytes() / 1e6}
     if spec.config.on_non_finite_loss == "skip_batch":
         row["skipped_batches"] = run.skipped

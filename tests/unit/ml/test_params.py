@@ -47,7 +47,8 @@ def test_every_param_reaches_the_training_config():
                "lrScheduler": "cosine", "lrSchedulerOptions": {"eta_min": 0.01},
                "lrSchedulerInterval": "step", "precision": "bf16-mixed",
                "backwardPassesPerStep": 2, "gradientClipNorm": 1.0, "gradientClipValue": 0.5,
-               "trainStep": len, "onNonFiniteLoss": "skip_batch", "transformFn": dict}
+               "trainStep": len, "onNonFiniteLoss": "skip_batch", "transformFn": dict,
+               "minWorkers": 1, "slotWaitTimeout": 30.0}
     # the rest are passed to fit() directly (model, optimizer, loss, callbacks) or used by
     # the TorchModel
     elsewhere = {"model", "optimizer", "loss", "callbacks", "predictionCol", "probabilityCol",

@@ -1,0 +1,99 @@
+"""A driver for the several-hosts tests (tests/integration/test_multihost.py), run inside a
+network namespace: ``multihost.py MODE MASTER_URL STORE_DIR``; prints one JSON line
+``RESULT {...}`` at the end (also on failure: the error's class and message)."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import traceback
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))))
+
+from tests.integration.digits import accuracy, digits_df, mlp  # noqa: E402
+
+
+def allreduce_on_every_rank() -> dict:
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    t = torch.tensor([float(dist.get_rank() + 1)])
+    dist.all_reduce(t)
+    out = {"sum": t.item(), "ifname": os.environ.get("GLOO_SOCKET_IFNAME", ""),
+           "rank": dist.get_rank()}
+    gathered = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, out)
+    dist.destroy_process_group()
+    return {"ranks": gathered}
+
+
+class SlowLoss(torch.nn.Module):
+    """10 ms a step: a long fit on a small set, so a host can be lost in the middle."""
+
+    def forward(self, output, label):
+        time.sleep(0.01)
+        return torch.nn.functional.cross_entropy(output, label)
+
+
+class SayEpochs:
+    def on_epoch_end(self, row):
+        print(f"EPOCH {row['epoch']} at {time.time():.3f}", flush=True)
+
+
+def estimator(store: str, **params):
+    from sparkddl import TorchEstimator
+    base = dict(model=mlp(), optimizer=lambda p: torch.optim.Adam(p, lr=3e-3),
+                loss="cross_entropy", featuresCol="features", labelCol="label", batchSize=32,
+                epochs=3, numWorkers=2, validation=0.2, store=store, progress=False)
+    return TorchEstimator(**{**base, **params})
+
+
+def main(mode: str, master: str, store: str) -> dict:
+    from pyspark.sql import SparkSession
+
+    host = os.environ["SPARK_LOCAL_IP"]
+    spark = (SparkSession.builder.master(master).appName(f"multihost-{mode}")
+             .config("spark.driver.host", host).config("spark.driver.bindAddress", host)
+             .config("spark.executor.memory", "768m")
+             .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+             .config("spark.python.worker.reuse", "true").getOrCreate())
+    started = time.monotonic()
+    if mode == "run":
+        import sparkddl
+        return {"result": sparkddl.run(allreduce_on_every_rank, num_workers=2)}
+    if mode == "distributor":
+        from sparkddl import TorchDistributor
+        return {"result": TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(
+            allreduce_on_every_rank)}
+    df = digits_df(spark)
+    if mode == "fit":
+        model = estimator(store).fit(df)
+        return {"accuracy": accuracy(model.transform(df)), "epochs": len(model.history),
+                "restarts": model.restarts}
+    if mode in ("lost", "elastic"):  # the test cuts host 1 once epochs are reported
+        params = dict(loss=SlowLoss(), epochs=40, maxRestarts=2, slotWaitTimeout=10.0,
+                      callbacks=[SayEpochs()], watchdogTimeout=None)
+        if mode == "elastic":
+            params.update(minWorkers=1, epochs=8)
+        model = estimator(store, **params).fit(df)
+        return {"history": [{k: r.get(k) for k in ("epoch", "attempt", "world_size")}
+                            for r in model.history],
+                "restarts": model.restarts, "steps_per_rank": model.steps_per_rank,
+                "accuracy": accuracy(model.transform(df))}
+    raise SystemExit(f"unknown mode {mode}")
+
+
+if __name__ == "__main__":
+    t0 = time.monotonic()
+    try:
+        out = {"ok": True, **main(*sys.argv[1:4])}
+    except BaseException as exc:  # noqa: BLE001 - the test reads the outcome
+        out = {"ok": False, "error": type(exc).__name__, "message": str(exc),
+               "traceback": traceback.format_exc()}
+    out["wall_s"] = time.monotonic() - t0
+    print("RESULT " + json.dumps(out, default=str), flush=True)
+    os._exit(0)  # do not wait for Spark's shutdown hooks over a cut link
