@@ -53,7 +53,14 @@ def estimator(store: str, **params):
 
 
 def main(mode: str, master: str, store: str) -> dict:
+    import logging
     from pyspark.sql import SparkSession
+
+    # sparkddl's warnings with wall-clock times, for benchmarks/host_loss.py
+    handler = logging.StreamHandler(sys.stdout)
+    handler.setFormatter(logging.Formatter("LOG %(created).3f %(message)s"))
+    logging.getLogger("sparkddl").addHandler(handler)
+    logging.getLogger("sparkddl").setLevel(logging.INFO)
 
     host = os.environ["SPARK_LOCAL_IP"]
     spark = (SparkSession.builder.master(master).appName(f"multihost-{mode}")
@@ -74,11 +81,13 @@ def main(mode: str, master: str, store: str) -> dict:
         model = estimator(store).fit(df)
         return {"accuracy": accuracy(model.transform(df)), "epochs": len(model.history),
                 "restarts": model.restarts}
-    if mode in ("lost", "elastic"):  # the test cuts host 1 once epochs are reported
+    if mode in ("lost", "elastic", "heal"):  # the caller cuts host 1 once epochs are reported
         params = dict(loss=SlowLoss(), epochs=40, maxRestarts=2, slotWaitTimeout=10.0,
                       callbacks=[SayEpochs()], watchdogTimeout=None)
         if mode == "elastic":
             params.update(minWorkers=1, epochs=8)
+        if mode == "heal":  # host 1 comes back while the driver waits for its slot
+            params.update(minWorkers=1, epochs=8, slotWaitTimeout=120.0)
         model = estimator(store, **params).fit(df)
         return {"history": [{k: r.get(k) for k in ("epoch", "attempt", "world_size")}
                             for r in model.history],
@@ -94,6 +103,6 @@ if __name__ == "__main__":
     except BaseException as exc:  # noqa: BLE001 - the test reads the outcome
         out = {"ok": False, "error": type(exc).__name__, "message": str(exc),
                "traceback": traceback.format_exc()}
-    out["wall_s"] = time.monotonic() - t0
+    out["wall_s"], out["ended_at"] = time.monotonic() - t0, time.time()
     print("RESULT " + json.dumps(out, default=str), flush=True)
     os._exit(0)  # do not wait for Spark's shutdown hooks over a cut link
