@@ -86,6 +86,11 @@ class TrainingFailedError(SparkDDLError):
         self.reason = reason
         super().__init__(self._render())
 
+    def __reduce__(self) -> tuple:
+        # Spark, Connect, thread pools and multiprocessing move exceptions by pickling: the
+        # default would call __init__ with the rendered message as ``failures``
+        return (type(self), (self.failures, self.spark_error, self.attempts, self.reason))
+
     @property
     def ranks(self) -> list[int]:
         return sorted(f.rank for f in self.failures)

@@ -73,3 +73,22 @@ def test_the_cause_comes_first():
     # not dead, only named by Spark with a peer's traceback: after the real report
     order = ordered_failures(SPARK_TEXT, [peer], dead=[])
     assert [f.rank for f in order] == [0, 1] and order[0] is peer
+
+
+def test_every_sparkddl_error_survives_pickling():
+    """Spark, Connect, pyspark's tuning pools and multiprocessing move exceptions so."""
+    import inspect
+    import pickle
+
+    from sparkddl import errors
+    failed = TrainingFailedError([RankFailure(1, "ValueError: bad", "tb", "10.0.0.2 (host a)",
+                                              {"steps": 3})], "spark text", 2, "why")
+    back = pickle.loads(pickle.dumps(failed))
+    assert str(back) == str(failed) and back.failures == failed.failures
+    assert (back.spark_error, back.attempts, back.reason) == ("spark text", 2, "why")
+    simple = [cls for _, cls in inspect.getmembers(errors, inspect.isclass)
+              if issubclass(cls, errors.SparkDDLError) and cls is not TrainingFailedError]
+    assert len(simple) >= 8
+    for cls in simple:
+        err = pickle.loads(pickle.dumps(cls("what was wrong")))
+        assert type(err) is cls and str(err) == "what was wrong"
