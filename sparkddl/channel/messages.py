@@ -125,9 +125,11 @@ class Stacks(Body):
 
 @dataclass(frozen=True)
 class Stop(Body):
-    """Early stopping: the ranks agree to stop after the current epoch."""
+    """Early stopping: the ranks agree to stop after the current epoch. With ``regrow``,
+    they stop to be relaunched on more ranks: a checkpoint is written where they stop."""
     KIND: ClassVar[str] = "stop"
     epoch: int
+    regrow: bool = False
 
 
 @dataclass(frozen=True)

@@ -28,7 +28,7 @@ from sparkddl.launch.launcher import launch_ranks, new_run_id
 from sparkddl.launch.monitor import Handlers
 from sparkddl.launch.progress import Progress
 from sparkddl.launch.restarts import Restart, RestartPolicy, record_restart
-from sparkddl.launch.slots import forget_lost_executors, world_after_failure
+from sparkddl.launch.slots import forget_lost_executors, slots_back, world_after_failure
 from sparkddl.store import Store
 from sparkddl.train.loop import train
 from sparkddl.train.metrics import best_mode, per_batch
@@ -46,6 +46,8 @@ class _Dispatch:
         self.steps = 0  # rank 0's latest global step count
         self.pending: Restart | None = None
         self.attempt = 0  # the current attempt: what earlier ones still send is dropped
+        # an elastic fit on fewer ranks: epoch -> whether to stop and relaunch wider now
+        self.grow: Callable[[int], bool] | None = None
 
     def handlers(self, attempt: int) -> Handlers:
         """The handlers of ``attempt``'s stage; they do nothing once it is not current."""
@@ -74,6 +76,12 @@ class _Dispatch:
     def _epoch(self, msg: Message, body: m.Epoch) -> None:
         self.evaluator.record_epoch(body.row, msg.reply)
         self.progress.epoch(body.row)
+        epoch = int(body.row["epoch"])
+        if self.grow is not None and self.grow(epoch):
+            self.grow = None  # asked once per attempt
+            log.info("the slots for every rank are back: the ranks stop after epoch %d, "
+                     "checkpoint, and are relaunched on all of them", epoch + 1)
+            msg.reply(m.Stop(epoch, regrow=True).header())
 
     def _snapshot(self, msg: Message, body: m.Snapshot) -> None:
         self.evaluator.submit(body, msg.payload, msg.reply)
@@ -183,6 +191,7 @@ def _attempts(sc: Any, base: TrainSpec, config: TrainConfig, store: Store,
         fence = f"{attempt}-{new_run_id()}"
         checkpoint.set_fence(store, spec.run_id, fence)
         try:
+            hook.grow = _grow_check(sc, config) if spec is not base else None
             summary = launch_ranks(
                 sc, train, (dataclasses.replace(spec, resume_url=ref.url if ref else None,
                                                 fence=fence),),
@@ -191,7 +200,13 @@ def _attempts(sc: Any, base: TrainSpec, config: TrainConfig, store: Store,
                 timeout_s=policy.remaining(), attempt=attempt, handlers=hook.handlers(attempt),
                 watchdog_s=config.watchdog_s,
                 description=f"sparkddl fit {spec.run_id} attempt {attempt}")
-            return summary, restarts
+            if not summary.get("regrow"):
+                return summary, restarts
+            restarts.append(Restart(attempt, f"grew back from {spec.config.num_workers} to "
+                                    f"{config.num_workers} ranks", summary["epochs_done"], 0,
+                                    0, time.monotonic(), world_size=config.num_workers))
+            hook.pending = restarts[-1]
+            resized_from, spec = spec.config.num_workers, base
         except JobCancelledError as exc:
             hook.attempt = -1  # nothing the cancelled ranks still send counts
             raise JobCancelledError(f"{exc} {_resume_hint(store, spec.run_id)}") from exc
@@ -200,12 +215,7 @@ def _attempts(sc: Any, base: TrainSpec, config: TrainConfig, store: Store,
             final = policy.final_error(attempt, exc)
             if final is not None:
                 raise final from exc
-            forget_lost_executors(sc, exc.failures)
-            remaining = policy.remaining()
-            world = world_after_failure(
-                sc, config.num_workers, config.min_workers or config.num_workers,
-                config.slot_wait_s if remaining is None else min(remaining, config.slot_wait_s),
-                config.use_gpu, exc.failures)
+            world = _world_after(sc, exc, config, policy)
             resized_from = spec.config.num_workers if world != spec.config.num_workers \
                 else None
             spec = resized(base, world, replan)
@@ -215,6 +225,27 @@ def _attempts(sc: Any, base: TrainSpec, config: TrainConfig, store: Store,
             evaluator.callbacks.restart(restarts[-1])
             hook.pending = restarts[-1]
         attempt += 1
+
+
+def _world_after(sc: Any, exc: TrainingFailedError, config: TrainConfig,
+                 policy: RestartPolicy) -> int:
+    """The next attempt's ranks: lost executors handed back to Spark, then a bounded wait for
+    the slots (minWorkers decides whether fewer will do)."""
+    forget_lost_executors(sc, exc.failures)
+    remaining = policy.remaining()
+    return world_after_failure(
+        sc, config.num_workers, config.min_workers or config.num_workers,
+        config.slot_wait_s if remaining is None else min(remaining, config.slot_wait_s),
+        config.use_gpu, exc.failures)
+
+
+def _grow_check(sc: Any, config: TrainConfig) -> Callable[[int], bool]:
+    """For an attempt on fewer ranks: after an epoch, whether to relaunch on all of them (an
+    epoch is left after the next one, where the ranks stop, and the slots are there)."""
+    def grow(epoch: int) -> bool:
+        return epoch + 1 < config.epochs and \
+            slots_back(sc, config.num_workers, config.use_gpu)
+    return grow
 
 
 def _resume_hint(store: Store, run_id: str) -> str:

@@ -64,6 +64,18 @@ def world_after_failure(sc: Any, want: int, least: int, wait_s: float, use_gpu: 
         "to go on with fewer ranks")
 
 
+def slots_back(sc: Any, want: int, use_gpu: bool) -> bool:
+    """Whether the cluster has ``want`` task slots in all again (an elastic fit's ranks hold
+    some of them)."""
+    if getattr(sc, "is_connect", False):
+        return False  # the client cannot count them
+    try:
+        return preflight.task_slots(sc, preflight.stage_profile(sc, use_gpu)) >= want
+    except Exception as exc:  # noqa: BLE001 - asked from a channel thread; never fatal
+        log.debug("could not count task slots: %s", exc)
+        return False
+
+
 def describe_lost(failures: list[RankFailure]) -> str:
     gone = [f for f in failures if f.status.get("lost") or not f.traceback]
     if not gone:

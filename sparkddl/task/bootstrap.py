@@ -152,7 +152,8 @@ def _connect(spec: TaskSpec, rank: int, where: str) -> RankChannel:
     def on_control(header: dict[str, Any]) -> None:
         body = parse(header)
         if isinstance(body, Stop) and context.is_active():
-            context.current().stop_requested.set()
+            ctx = context.current()
+            (ctx.regrow_requested if body.regrow else ctx.stop_requested).set()
         elif isinstance(body, DumpStacks) and opened:  # the watchdog fired
             opened[0].post(Stacks(), python_stacks().encode("utf-8", "replace"))
 

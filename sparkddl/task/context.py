@@ -27,6 +27,9 @@ class RankContext:
     channel: RankChannel | None = None
     store: Any = None  # the run's torch TCPStore (rank 0 hosts it)
     stop_requested: threading.Event = field(default_factory=threading.Event)
+    # the driver has the slots for the full world again: stop at an epoch's end, checkpoint,
+    # and let it relaunch wider (an elastic fit growing back)
+    regrow_requested: threading.Event = field(default_factory=threading.Event)
     # where this rank is (phase, epoch, step, steps, and the collective it waits in, if
     # any): plain ints and strings, sent with heartbeats and failure reports
     status: dict[str, Any] = field(default_factory=dict)

@@ -29,6 +29,10 @@ from sparkddl.train.spec import TrainSpec
 
 log = logging.getLogger(__name__)
 
+# rank 0's vote in the epoch statistics: stop (early stopping, a callback) or stop to be
+# relaunched on more ranks
+STOP, REGROW = 1.0, 2.0
+
 
 class _Run:
     """The state of one rank's training: model, optimizer, strategy, position."""
@@ -96,9 +100,10 @@ def train(spec: TrainSpec) -> dict[str, Any]:
     import torch
 
     run = _Run(spec)
-    stopped, epoch = False, run.pos.epoch - 1
+    stopped, regrow, epoch = False, False, run.pos.epoch - 1
     for epoch in range(run.pos.epoch, spec.config.epochs + 1):
-        row, stopped = _epoch(run, epoch)
+        row, vote = _epoch(run, epoch)
+        stopped, regrow = vote == STOP, vote == REGROW and epoch < spec.config.epochs
         last = epoch == spec.config.epochs or stopped
         run.reporter.epoch(row)
         if epoch % spec.config.snapshot_every == 0 or last:
@@ -108,15 +113,16 @@ def train(spec: TrainSpec) -> dict[str, Any]:
             else:  # replicas that may differ are averaged (on copies) for the snapshot
                 state = run.strategy.snapshot_state(run.module)
             run.reporter.snapshot(epoch, state, final=last)
-        if spec.config.checkpoint_every and epoch % spec.config.checkpoint_every == 0 and not last:
+        every = spec.config.checkpoint_every
+        if regrow or (every and epoch % every == 0 and not last):
             run.checkpoint(epoch, 0, _zeros(run))
-        if stopped:
+        if stopped or regrow:
             break
     run.mark("gathering step counts")
     steps = [torch.zeros(1, dtype=torch.int64) for _ in range(run.ctx.world_size)]
     with context.collective("the final step-count gather"):
         dist.all_gather(steps, torch.tensor([run.pos.global_steps]))
-    return {"epochs_done": epoch, "stopped_early": stopped,
+    return {"epochs_done": epoch, "stopped_early": stopped, "regrow": regrow,
             "steps_per_rank": [int(t.item()) for t in steps]}
 
 
@@ -170,7 +176,9 @@ def _epoch(run: _Run, epoch: int) -> tuple[dict[str, Any], bool]:
     _check_deferred(run)
     run.mark("exchanging epoch statistics")
     comm = run.strategy.end_epoch()
-    sums[2] = float(ctx.stop_requested.is_set())
+    # only rank 0 hears the driver: its vote, summed, tells every rank (early stopping wins)
+    sums[2] = STOP if ctx.stop_requested.is_set() else \
+        REGROW if ctx.regrow_requested.is_set() else 0.0
     with context.collective("the epoch statistics allreduce"):
         dist.all_reduce(sums)  # control traffic: epoch statistics and the stop vote
     if run.scheduler is not None and spec.config.lr_scheduler_interval == "epoch":
@@ -186,7 +194,7 @@ def _epoch(run: _Run, epoch: int) -> tuple[dict[str, Any], bool]:
            "peak_rss_MB": rss.peak_rss_bytes() / 1e6}
     if spec.config.on_non_finite_loss == "skip_batch":
         row["skipped_batches"] = run.skipped
-    return row, sums[2].item() > 0
+    return row, sums[2].item()
 
 
 def _step(run: _Run, batch: dict[str, Any], sums: Any, epoch: int, step: int) -> bool:

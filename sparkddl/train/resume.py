@@ -66,14 +66,17 @@ def load(spec: Any, ctx: context.RankContext, module: Any) -> tuple[dict[str, An
     return ckpt, pos
 
 
-def restore_rest(ckpt: dict[str, Any], ctx: context.RankContext, run: Any) -> dict[str, Any]:
+def restore_rest(ckpt: dict[str, Any], ctx: context.RankContext, run: Any
+                 ) -> dict[str, Any] | None:
     """Optimizer, schedule, loss scale and this rank's strategy state; returns this rank's
-    saved extras."""
+    saved extras (None for a rank the checkpoint's world did not have)."""
     run.strategy.load_optimizer_state_dict(run.module, run.raw_optimizer, ckpt["optimizer"])
     if run.scheduler is not None and "scheduler" in ckpt:
         run.scheduler.load_state_dict(ckpt["scheduler"])
     if run.scaler is not None and "scaler" in ckpt:
         run.scaler.load_state_dict(ckpt["scaler"])
+    if ctx.rank >= len(ckpt["ranks"]):  # an elastic fit grew back: this rank is new
+        return None  # its strategy state starts fresh; the checkpoint is at an epoch's end
     mine = ckpt["ranks"][ctx.rank]
     run.strategy.load_state_dict(mine["strategy"])
     return mine

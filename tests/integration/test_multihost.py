@@ -85,14 +85,18 @@ def lost_after(hosts: harness.Hosts, log: Path, cut_at: float, proc) -> float:
     return time.monotonic() - cut_at
 
 
-def lose_host_1(mode: str) -> tuple[dict, str, float]:
-    """Run the driver in ``mode`` on fresh hosts, cut host 1 after epoch 2; (the driver's
-    result, host 1's address, seconds from the cut to the end). Asserts the loss was found
-    within 15 s."""
+def lose_host_1(mode: str, heal_on: str = "") -> tuple[dict, str, float]:
+    """Run the driver in ``mode`` on fresh hosts, cut host 1 after epoch 2 (and bring it back
+    once the driver logs ``heal_on``); (the driver's result, host 1's address, seconds from
+    the cut to the end). Asserts the loss was found within 15 s."""
     with harness.Hosts(2) as hosts, hosts.spark(workers=[0, 1]) as url:
         proc, log = driver(hosts, url, mode)
         cut_at = cut_after_epoch(hosts, proc, log)
         assert lost_after(hosts, log, cut_at, proc) <= 15
+        if heal_on:
+            while heal_on not in log.read_text() and proc.poll() is None:
+                time.sleep(0.2)
+            hosts.heal(1)
         out = finish(proc, log, 300)
         ended = time.monotonic() - cut_at
     assert not hosts.leftovers()
@@ -100,17 +104,20 @@ def lose_host_1(mode: str) -> tuple[dict, str, float]:
 
 
 @pytest.mark.timeout(400)
-def test_a_lost_host_is_found_in_seconds_and_the_fit_goes_on_with_fewer_ranks():
-    out, lost_address, _ = lose_host_1("elastic")
+def test_a_lost_host_is_found_in_seconds_the_fit_goes_on_with_fewer_ranks_and_grows_back():
+    out, lost_address, _ = lose_host_1("elastic", heal_on="going on with 1 of 2 ranks")
     assert out["ok"], out.get("message")
     history = out["history"]
-    assert [r["epoch"] for r in history] == list(range(1, 9))  # every epoch, once
-    [restart] = out["restarts"]
-    assert restart["world_size"] == 1 and restart["resumed_from_step"] == 0
-    resumed = restart["resumed_from_epoch"]
-    assert {r["world_size"] for r in history if r["epoch"] <= resumed} == {2}
-    assert {r["world_size"] for r in history if r["epoch"] > resumed} == {1}
-    assert f"at {lost_address} (executor " in restart["reason"]
+    assert [r["epoch"] for r in history] == list(range(1, 21))  # every epoch, once
+    shrink, grow = out["restarts"]
+    assert shrink["world_size"] == 1 and shrink["resumed_from_step"] == 0
+    assert f"at {lost_address} (executor " in shrink["reason"]
+    assert grow["world_size"] == 2 and grow["reason"] == "grew back from 1 to 2 ranks"
+    worlds = {r["epoch"]: r["world_size"] for r in history}
+    assert {worlds[e] for e in range(1, shrink["resumed_from_epoch"] + 1)} == {2}
+    assert {worlds[e] for e in range(shrink["resumed_from_epoch"] + 1,
+                                     grow["resumed_from_epoch"] + 1)} == {1}
+    assert {worlds[e] for e in range(grow["resumed_from_epoch"] + 1, 21)} == {2}
     assert out["accuracy"] >= 0.85
 
 

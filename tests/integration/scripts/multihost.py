@@ -84,8 +84,8 @@ def main(mode: str, master: str, store: str) -> dict:
     if mode in ("lost", "elastic", "heal"):  # the caller cuts host 1 once epochs are reported
         params = dict(loss=SlowLoss(), epochs=40, maxRestarts=2, slotWaitTimeout=10.0,
                       callbacks=[SayEpochs()], watchdogTimeout=None)
-        if mode == "elastic":
-            params.update(minWorkers=1, epochs=8)
+        if mode == "elastic":  # the caller may bring host 1 back: the fit grows back
+            params.update(minWorkers=1, epochs=20)
         if mode == "heal":  # host 1 comes back while the driver waits for its slot
             params.update(minWorkers=1, epochs=8, slotWaitTimeout=120.0)
         model = estimator(store, **params).fit(df)
