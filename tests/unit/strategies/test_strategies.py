@@ -17,7 +17,7 @@ from torch import nn
 
 from sparkddl import strategies
 from sparkddl.errors import ConfigError
-from sparkddl.strategies.compression import pack_bits, unpack_bits
+from sparkddl.strategies.kernels import pack_bits, unpack_bits
 from sparkddl.strategies.gossip import peer_offsets
 from sparkddl.strategies.ssp import store_queue_problem
 from tests.unit.dist_harness import run_ranks
@@ -351,7 +351,7 @@ def test_sign_bits_pack_eight_to_a_byte():
 
 
 def test_fast_top_k_finds_the_same_entries_as_topk():
-    from sparkddl.strategies.compression import SAMPLE, top_k_indices
+    from sparkddl.strategies.kernels import SAMPLE, top_k_indices
     torch.manual_seed(0)
     for n, k in ((5 * SAMPLE, 1), (5 * SAMPLE, 3277), (1_000_000, 10_000), (100, 7)):
         for dtype in (torch.float32, torch.bfloat16):  # numpy's chunks, and torch's path
@@ -377,7 +377,7 @@ def test_fast_top_k_finds_the_same_entries_as_topk():
 
 
 def test_sign_encoding_in_chunks_and_whole_agree_with_the_definition():
-    from sparkddl.strategies.compression import (CHUNK, sign_and_mean_magnitude,
+    from sparkddl.strategies.kernels import (CHUNK, sign_and_mean_magnitude,
                                                  subtract_signed)
     x = torch.randn(3 * CHUNK + 5)  # chunks and a short tail
     x[7] = -0.0
@@ -395,8 +395,7 @@ def test_sign_encoding_in_chunks_and_whole_agree_with_the_definition():
 
 
 def test_signed_mean_from_packed_bytes_matches_unpacking_every_bit():
-    from sparkddl.strategies.compression import signed_mean
-    from sparkddl.strategies.compression import PAIR_TABLE_BYTES
+    from sparkddl.strategies.kernels import PAIR_TABLE_BYTES, signed_mean
     for world in (1, 2, 3, 4):  # a pair's table, and a rank left over
         # the last byte padded or not; a table per rank, or per pair of ranks
         for n in (1001, 1000, 8 * PAIR_TABLE_BYTES + 5):
@@ -414,7 +413,8 @@ def _codecs_step_by_step(rank: int, world: int) -> dict:
     kept, and the bucket becomes the mean of all ranks' messages (each rank recomputes every
     rank's, from the same seeds). Steps 2-3 use another bucket layout (as after DDP's
     rebuild), and steps 4-5 a fresh codec loaded from a checkpoint of the residual."""
-    from sparkddl.strategies.compression import SAMPLE, Sign, TopK
+    from sparkddl.strategies.compression import Sign, TopK
+    from sparkddl.strategies.kernels import SAMPLE
 
     shapes = [torch.Size([5 * SAMPLE // 8, 8]), torch.Size([0]), torch.Size([1001])]
     sizes = [s.numel() for s in shapes]
