@@ -240,7 +240,7 @@ def test_large_snapshots_travel_through_the_store(spark_local, tmp_path):
     result = fit(spark_local, df, mlp(), "adam", "cross_entropy", config)
     store = Store.from_uri(tmp_path)
     assert store.listdir(store.run_url(result.run_id, "snapshots")) == \
-        ["epoch-00001.pt", "epoch-00002.pt"]
+        ["epoch-00001-attempt-0.pt", "epoch-00002-attempt-0.pt"]  # per attempt: fenced
     assert all("val_loss" in r for r in result.history)
 
 
