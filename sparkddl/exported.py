@@ -6,18 +6,27 @@ graph as JSON, and the tensors it needs (constants, example inputs) written by
 ``torch.save`` and read back with ``weights_only=True``; the weights are the model's
 ``weights.pt``. ``torch.export.load`` is not used to read it: it falls back to full
 unpickling when a file does not load with ``weights_only`` (and torch < 2.6 always
-unpickles), so a tampered file would run code.
+unpickles), so a tampered file would run code. Nor does torch read the graph as it is:
+torch's deserializer compiles or evaluates some of its text, so a program read from a file
+is first checked against what sparkddl writes (:mod:`sparkddl.program_check`) and refused
+with UntrustedArtifactError otherwise, unless it was read with trusted loading.
 
 A model that cannot be exported (data-dependent control flow, unsupported operations) is
 saved as before, and the export error is kept to say why it needs trusted loading.
 """
 from __future__ import annotations
 
+import contextlib
+import logging
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
-from sparkddl.portable import (CONSTANTS_FILE, GRAPH_FILE, INPUTS_FILE, deserialize_program,
-                               load_program)
+from sparkddl.errors import UntrustedArtifactError
+from sparkddl.portable import (CONSTANTS_FILE, GRAPH_FILE, INPUTS_FILE, UntrustedProgramError,
+                               deserialize_program, load_program)
+from sparkddl.program_check import refusal
+
+log = logging.getLogger(__name__)
 
 EXAMPLE_ROWS = 2  # torch.export specializes sizes 0 and 1; the program still takes any batch
 
@@ -54,6 +63,9 @@ class Program:
     constants: bytes  # torch.save bytes
     example_inputs: bytes  # torch.save bytes
     parameters: tuple[str, ...]  # which state-dict entries are parameters (not buffers)
+    # made by this process, or read with trusted loading: torch reads it unchecked
+    trusted: bool = False
+    where: str = GRAPH_FILE  # the graph's file, for errors
 
 
 class ExportFailed(Exception):
@@ -88,21 +100,38 @@ def export(module: Any, inputs: tuple[InputSpec, ...]) -> Program:
         raise ExportFailed(f"{type(exc).__name__}: {first[:500]}") from exc
     finally:
         module.train(was_training)
+    why = refusal(artifact.exported_program)
+    if why is not None:  # saving it still works; loading it from a file will need trust
+        log.warning("the model's torch.export program holds what sparkddl only loads from a "
+                    "file with trusted loading (%s); a saved copy will need "
+                    "TorchModel.load(path, trusted=True)", why)
     return Program(artifact.exported_program, artifact.constants, artifact.example_inputs,
-                   tuple(n for n, _ in module.named_parameters()))
+                   tuple(n for n, _ in module.named_parameters()), trusted=True)
 
 
 def load(program: Program, state: dict[str, Any], device: Any = "cpu") -> Any:
     """The exported model holding ``state``, as a callable torch module (it was exported in
-    eval mode); no pickled code is run."""
-    return load_program(program.graph, program.constants, program.example_inputs,
-                        program.parameters, state, device)
+    eval mode); no pickled code is run, and an untrusted program is checked first
+    (UntrustedArtifactError)."""
+    with _refusals():
+        return load_program(program.graph, program.constants, program.example_inputs,
+                            program.parameters, state, device, program.trusted, program.where)
 
 
 def program_of(program: Program, state: dict[str, Any]) -> Any:
     """The ``torch.export.ExportedProgram`` holding ``state`` (e.g. for torch.export.save)."""
-    return deserialize_program(program.graph, program.constants, program.example_inputs,
-                               program.parameters, state)
+    with _refusals():
+        return deserialize_program(program.graph, program.constants, program.example_inputs,
+                                   program.parameters, state, program.trusted, program.where)
+
+
+@contextlib.contextmanager
+def _refusals() -> Iterator[None]:
+    """portable cannot import sparkddl, so its refusal becomes sparkddl's error here."""
+    try:
+        yield
+    except UntrustedProgramError as exc:
+        raise UntrustedArtifactError(str(exc)) from exc
 
 
 # ---- on disk, in a model's folder ----
@@ -113,9 +142,12 @@ def write(store: Any, program: Program) -> None:
         store.write_bytes(store.url(name), data)
 
 
-def read(store: Any, parameters: Iterable[str]) -> Program | None:
+def read(store: Any, parameters: Iterable[str], trusted: bool = False) -> Program | None:
+    """The program saved in ``store``'s folder, or None; ``trusted``: from trusted loading,
+    so it is read as it is rather than checked."""
     if not store.exists(store.url(GRAPH_FILE)):
         return None
     return Program(store.read_bytes(store.url(GRAPH_FILE)),
                    store.read_bytes(store.url(CONSTANTS_FILE)),
-                   store.read_bytes(store.url(INPUTS_FILE)), tuple(parameters))
+                   store.read_bytes(store.url(INPUTS_FILE)), tuple(parameters), trusted,
+                   store.url(GRAPH_FILE))

@@ -7,14 +7,23 @@ MLflow model as ``code/sparkddl_portable_<hash>.py``, the MLflow ``python_functi
 logged model loads and predicts where sparkddl is not installed.
 
 In an MLflow model its folder ``sparkddl/`` holds ``meta.json`` (inputs, task, output
-columns), the weights and the torch.export program's parts; nothing in it is unpickled.
+columns), the weights and the torch.export program's parts; nothing in it is unpickled, and
+the program's JSON is checked against what sparkddl's export writes before torch reads it
+(:mod:`sparkddl.program_check`): torch's deserializer turns some of its text into code.
 """
 from __future__ import annotations
 
+import importlib
 import io
 import json
 import os
 from typing import Any
+
+# sparkddl.program_check; in an MLflow model, the copy beside this one, named alike
+# (sparkddl_portable_<hash> -> sparkddl_program_check_<hash>, see sparkddl.tracking)
+_check = importlib.import_module(__name__.replace("portable", "program_check"))
+UntrustedProgramError = _check.UntrustedProgramError
+TRUST_HINT: str = _check.TRUST_HINT
 
 MULTICLASS, BINARY = "multiclass", "binary"  # sparkddl.problems.Problem's values
 
@@ -27,37 +36,75 @@ META_FILE = "meta.json"
 
 
 def deserialize_program(graph: bytes, constants: bytes, example_inputs: bytes,
-                        parameters: Any, state: dict[str, Any]) -> Any:
+                        parameters: Any, state: dict[str, Any], trusted: bool = False,
+                        where: str = GRAPH_FILE) -> Any:
     """The ``torch.export.ExportedProgram`` from torch.export's JSON graph, tensors read with
-    ``weights_only`` and the weights in ``state``; no pickled code is run."""
+    ``weights_only`` and the weights in ``state``; no pickled code is run.
+
+    Unless ``trusted``, torch reads a checked copy of the graph (``checked_graph``) and
+    the tensors must be what sparkddl writes; anything else raises UntrustedProgramError
+    naming ``where`` and the field. ``trusted`` (files you trust) reads the graph as it is."""
     import torch
     from torch._export.serde.serialize import SerializedArtifact, deserialize
 
+    if not trusted:
+        graph = _check.checked_graph(graph, where)
+    consts, examples = _tensors(constants, {}), _tensors(example_inputs, ())
+    if not trusted:
+        _check_tensors(consts, examples, where)
     params = set(parameters)
     weights = {k: torch.nn.Parameter(v, requires_grad=False) if k in params else v
                for k, v in state.items()}
-    return deserialize(SerializedArtifact(graph, weights,  # type: ignore[arg-type]
-                                          _tensors(constants, {}),
-                                          _tensors(example_inputs, ())))
+    artifact = SerializedArtifact(graph, weights, consts, examples)  # type: ignore[arg-type]
+    return deserialize(artifact)
 
 
 def load_program(graph: bytes, constants: bytes, example_inputs: bytes,
-                 parameters: Any, state: dict[str, Any], device: Any = "cpu") -> Any:
+                 parameters: Any, state: dict[str, Any], device: Any = "cpu",
+                 trusted: bool = False, where: str = GRAPH_FILE) -> Any:
     """The exported program holding ``state`` as a callable torch module in eval mode (it
-    was exported so) on ``device``."""
-    program = deserialize_program(graph, constants, example_inputs, parameters, state)
-    if str(device) == "cpu":
-        return program.module()
-    try:  # constants made inside the graph move too, not only the weights
-        from torch.export.passes import move_to_device_pass
-    except ImportError:  # torch < 2.6
-        return program.module().to(device)
-    return move_to_device_pass(program, str(device)).module()
+    was exported so) on ``device``; checked first unless ``trusted`` (deserialize_program)."""
+    program = deserialize_program(graph, constants, example_inputs, parameters, state,
+                                  trusted, where)
+    if str(device) != "cpu":
+        try:  # constants made inside the graph move too, not only the weights
+            from torch.export.passes import move_to_device_pass
+        except ImportError:  # torch < 2.6
+            return _module(program).to(device)
+        program = move_to_device_pass(program, str(device))
+    return _module(program)
+
+
+def _module(program: Any) -> Any:
+    """``program.module()`` without compiling guards into Python (torch >= 2.9 would
+    ``exec`` them); its forward pre-hook still refuses inputs of other shapes, as on older
+    torch, naming the input and the dimension."""
+    import inspect
+    if "check_guards" in inspect.signature(program.module).parameters:
+        return program.module(check_guards=False)
+    return program.module()
 
 
 def _tensors(data: bytes, empty: Any) -> Any:
     import torch
     return torch.load(io.BytesIO(data), weights_only=True) if data else empty
+
+
+def _check_tensors(constants: Any, examples: Any, where: str) -> None:
+    """The program's constants (tensors by attribute name) and example inputs (a tuple of
+    tensors, no keywords), as sparkddl writes them."""
+    import torch
+    folder = where[:where.rfind("/") + 1]
+    if not isinstance(constants, dict) or not all(
+            _check.is_dotted(k) and isinstance(v, torch.Tensor) for k, v in constants.items()):
+        raise UntrustedProgramError(f"{folder}{CONSTANTS_FILE} holds other than tensors by "
+                                    f"attribute name. {TRUST_HINT}")
+    if type(examples) is not tuple or examples and not (
+            len(examples) == 2 and type(examples[0]) is tuple
+            and type(examples[1]) is dict and not examples[1]
+            and all(isinstance(x, torch.Tensor) for x in examples[0])):
+        raise UntrustedProgramError(f"{folder}{INPUTS_FILE} holds other than a tuple of "
+                                    f"tensors. {TRUST_HINT}")
 
 
 def column(series: Any, shape: Any) -> Any:
@@ -97,7 +144,7 @@ class Predictor:
     """``predict(pandas DataFrame with the feature columns)`` -> a DataFrame with the
     columns TorchModel.transform adds (under the same names)."""
 
-    def __init__(self, folder: str, device: str = "cpu"):
+    def __init__(self, folder: str, device: str = "cpu", trusted: bool = False):
         import torch
 
         def read(name: str) -> bytes:
@@ -109,7 +156,8 @@ class Predictor:
                            map_location="cpu")
         self.device = device
         self.module = load_program(read(GRAPH_FILE), read(CONSTANTS_FILE), read(INPUTS_FILE),
-                                   self.meta["parameters"], state, device)
+                                   self.meta["parameters"], state, device, trusted,
+                                   os.path.join(folder, GRAPH_FILE))
 
     def predict(self, data: Any, params: Any = None) -> Any:
         import pandas as pd
@@ -136,6 +184,8 @@ class Predictor:
 
 
 def _load_pyfunc(path: str, model_config: Any = None) -> Predictor:
-    """MLflow's entry point (``loader_module``); ``path`` is the model's data folder."""
-    device = (model_config or {}).get("device") or "cpu"
-    return Predictor(path, device)
+    """MLflow's entry point (``loader_module``); ``path`` is the model's data folder.
+    ``model_config``: ``device``, and ``trusted`` (True: the program is read as it is, for
+    files you trust; otherwise what sparkddl never writes is refused with a ValueError)."""
+    config = model_config or {}
+    return Predictor(path, config.get("device") or "cpu", config.get("trusted") is True)

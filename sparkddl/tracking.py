@@ -10,10 +10,11 @@ already gets each further fit as a child run (a loop over settings). What is log
   MLflow UI draws the curves while training runs;
 - each restart as a tag (``sparkddl.restart.<attempt>``), and the outcome as tags;
 - at the end, the model (:func:`log_model`): an MLflow model whose ``pytorch`` flavor is the
-  torch.export program (``mlflow.pytorch.load_model`` gives a module, with no unpickling) and
-  whose ``python_function`` flavor runs that program with :mod:`sparkddl.portable`, so
-  ``mlflow.pyfunc.load_model(uri).predict(df)`` returns what ``TorchModel.transform``
-  predicts, where only mlflow and torch are installed.
+  torch.export program (``mlflow.pytorch.load_model`` gives a module, with no unpickling, but
+  through ``torch.export.load``, which runs what a tampered program's guards say) and whose
+  ``python_function`` flavor runs that program with :mod:`sparkddl.portable` (which checks it
+  first), so ``mlflow.pyfunc.load_model(uri).predict(df)`` returns what
+  ``TorchModel.transform`` predicts, where only mlflow and torch are installed.
 
 MLflow calls made while training run on a thread of their own, so a slow tracking server
 never holds up training (the end of the fit waits for what is queued, bounded). The first
@@ -362,10 +363,13 @@ def save_model(path: str, mlflow_model: Any, model: Any, signature: Any,
             with open(os.path.join(data, name), "wb") as f:
                 f.write(blob)
         loader = portable_module_name()
-        code = os.path.join(tmp, f"{loader}.py")
-        shutil.copyfile(portable.__file__, code)
+        # the checker's copy under the name the loader imports it by
+        checker = loader.replace("portable", "program_check")
+        code = [os.path.join(tmp, f"{name}.py") for name in (loader, checker)]
+        for module, copy in zip(_loader_modules(), code):
+            shutil.copyfile(module.__file__, copy)
         mlflow.pyfunc.save_model(path, loader_module=loader, data_path=data,
-                                 code_paths=[code], mlflow_model=mlflow_model,
+                                 code_paths=code, mlflow_model=mlflow_model,
                                  signature=signature, input_example=example,
                                  pip_requirements=reqs)
     if not pt2:  # this MLflow's pytorch flavor could not read it
@@ -382,13 +386,22 @@ def save_model(path: str, mlflow_model: Any, model: Any, signature: Any,
 
 
 def portable_module_name() -> str:
-    """The pyfunc loader's module name in a logged model: versioned by its content, as
-    MLflow imports it by name and a serving process may load models of several versions."""
+    """The pyfunc loader's module name in a logged model: versioned by its content (and its
+    checker's), as MLflow imports it by name and a serving process may load models of
+    several versions."""
     import hashlib
 
-    from sparkddl import portable
-    with open(portable.__file__, "rb") as f:
-        return f"sparkddl_portable_{hashlib.sha256(f.read()).hexdigest()[:12]}"
+    digest = hashlib.sha256()
+    for module in _loader_modules():
+        with open(str(module.__file__), "rb") as f:
+            digest.update(f.read())
+    return f"sparkddl_portable_{digest.hexdigest()[:12]}"
+
+
+def _loader_modules() -> tuple[Any, Any]:
+    """What a logged model's pyfunc runs: sparkddl.portable and the checker it imports."""
+    from sparkddl import portable, program_check
+    return portable, program_check
 
 
 def signature_for(model: Any, schema: Any) -> Any:
