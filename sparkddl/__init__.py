@@ -21,6 +21,7 @@ _EXPORTS = {
     "device": "sparkddl.task.dist", "init_process_group": "sparkddl.task.dist",
     "TorchDistributor": "sparkddl.distributor", "NonFiniteLossError": "sparkddl.errors",
     "TransformError": "sparkddl.errors", "JobCancelledError": "sparkddl.errors",
+    "UntrustedArtifactError": "sparkddl.errors",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -267,6 +267,7 @@ class TrainConfig:
             raise ConfigError(f"run_id must be letters, digits and '-', got {self.run_id!r}")
         if self.watchdog_s != "auto":
             positive_seconds("watchdog timeout ('auto', seconds or None)", self.watchdog_s)
+        check_validation(self.validation)
         _choice("final_weights", self.final_weights, FINAL_WEIGHTS)
         _choice("reader_pool", self.reader_pool, POOL_TYPES)
         _choice("reader", self.reader, READERS)
@@ -322,6 +323,18 @@ class TrainConfig:
 
     def replace(self, **changes: Any) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
+
+
+def check_validation(value: Any) -> None:
+    """None (or 0): no validation; a fraction strictly between 0 and 1; or a column name."""
+    if value is None or isinstance(value, str) and value:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not (value == 0 or 0 < value < 1):
+        raise ConfigError(f"validation={value!r} is not allowed: give the fraction of rows to "
+                          "hold out, strictly between 0 and 1 (e.g. 0.2), the name of a "
+                          "boolean/0-1 column marking the validation rows, or None for no "
+                          "validation")
 
 
 def _positive_int(name: str, value: Any) -> None:

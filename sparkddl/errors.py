@@ -29,6 +29,12 @@ class StoreError(SparkDDLError):
     """A Store location cannot be used (bad URI, not writable, missing files)."""
 
 
+class UntrustedArtifactError(SparkDDLError, ValueError):
+    """A saved file holds what sparkddl never writes there (e.g. code in a torch.export
+    program's guards), so it was not loaded and nothing of it ran. For files you trust:
+    ``TorchModel.load(path, trusted=True)`` or ``with sparkddl.ml.trusted_loading():``."""
+
+
 class CheckpointError(SparkDDLError):
     """No usable checkpoint could be written or read."""
 

@@ -14,7 +14,7 @@ import threading
 from typing import Any, Callable
 
 from sparkddl.channel import protocol
-from sparkddl.channel.messages import Body, Hello
+from sparkddl.channel.messages import LAST_WORDS, Body, Hello
 
 log = logging.getLogger(__name__)
 
@@ -23,18 +23,35 @@ CONNECT_TIMEOUT_S = 30.0
 ControlHandler = Callable[[dict[str, Any]], None]
 
 
+def connect(host: str, port: int, secret: str, hello: Hello) -> socket.socket:
+    """An authenticated connection to the driver that has said ``hello`` (blocking mode)."""
+    sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        protocol.client_handshake(sock, secret)
+        sock.settimeout(None)
+        protocol.send_frame(sock, hello.header())
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def open_last_words(host: str, port: int, secret: str, rank: int, label: str
+                    ) -> socket.socket:
+    """The rank's second connection, for faulthandler's text only (see messages.LAST_WORDS);
+    nothing else is ever written to it, and the driver never writes back."""
+    return connect(host, port, secret, Hello(rank, label, os.getpid(), role=LAST_WORDS))
+
+
 class RankChannel:
     def __init__(self, host: str, port: int, secret: str, rank: int,
                  on_control: ControlHandler | None = None, label: str = "",
                  executor: str = ""):
         self.rank = rank
-        self._sock = socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S)
-        self._sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        protocol.client_handshake(self._sock, secret)
-        self._sock.settimeout(None)
         # label: where the rank runs (its executor's address), as the driver names it
-        protocol.send_frame(self._sock, Hello(rank, label or socket.gethostname(),
-                                              os.getpid(), executor).header())
+        self._sock = connect(host, port, secret, Hello(rank, label or socket.gethostname(),
+                                                       os.getpid(), executor))
         # items are frames to send, or an Event to set once everything before it was sent
         self._queue: queue.Queue[tuple[dict[str, Any], bytes] | threading.Event | None] = \
             queue.Queue()

@@ -22,14 +22,20 @@ class Body:
 
 # ---- rank -> driver ----
 
+LAST_WORDS = "last_words"  # Hello.role of a rank's second connection (task/last_words.py)
+
+
 @dataclass(frozen=True)
 class Hello(Body):
-    """First frame of a connection (after the handshake)."""
+    """First frame of a connection (after the handshake). ``role`` "" is the rank's channel;
+    LAST_WORDS a connection that carries, after this frame, only the raw text Python's
+    faulthandler writes should the rank's process die of a fatal signal."""
     KIND: ClassVar[str] = "hello"
     rank: int
     host: str = ""  # where the rank runs: its executor's address (and id, and hostname)
     pid: int = 0
     executor: str = ""  # the executor's id, where the cluster manager tells it
+    role: str = ""
 
 
 @dataclass(frozen=True)
@@ -148,9 +154,18 @@ class Closed(Body):
     dropped: bool = False
 
 
+@dataclass(frozen=True)
+class LastWords(Body):
+    """What a rank's LAST_WORDS connection carried before it closed (payload): faulthandler's
+    report of the fatal signal that killed the rank, with its Python stacks. Handed over
+    before the rank's Closed."""
+    KIND: ClassVar[str] = "last_words"
+    host: str = ""  # where the rank ran, as its hello said
+
+
 KINDS: dict[str, type[Body]] = {cls.KIND: cls for cls in (
     Hello, Rendezvous, Log, Heartbeat, Error, Done, Progress, Epoch, Snapshot, Checkpoint, Stop,
-    Closed, Stacks, DumpStacks)}
+    Closed, Stacks, DumpStacks, LastWords)}
 
 
 def parse(header: dict[str, Any]) -> Body | None:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from sparkddl.channel import protocol
-from sparkddl.channel.messages import Body, Closed, Hello, parse
+from sparkddl.channel.messages import LAST_WORDS, Body, Closed, Hello, LastWords, parse
 
 log = logging.getLogger(__name__)
 
@@ -24,6 +24,12 @@ CLOSE_JOIN_S = 2.0
 MAX_PENDING = 64
 ACCEPT_RETRY_S = 0.05
 REJECTIONS_LOGGED = 10  # then one line per 1,000
+# a rank's last words (faulthandler's stacks of every thread): at most this much is kept
+MAX_LAST_WORDS = 256 << 10
+# when a rank's channel closes, how long its last-words connection may take to close too
+# (both close when the process dies; their threads read them independently)
+LAST_WORDS_WAIT_S = 2.0
+LAST_WORDS_QUIET_S = 0.5  # once some have come: silence this long ends a rank's last words
 
 
 @dataclass
@@ -79,6 +85,8 @@ class DriverChannel:
         self.host = advertise_host or socket.gethostname()
         self._conns: list[_Connection] = []
         self._pending: collections.OrderedDict[_Connection, None] = collections.OrderedDict()
+        # rank -> its last-words connection, and an event set once that has been handled
+        self._last_words: dict[int, tuple[_Connection, threading.Event]] = {}
         self._threads: list[threading.Thread] = []
         self._lock = threading.Lock()
         self._closed = threading.Event()
@@ -116,8 +124,11 @@ class DriverChannel:
         with self._lock:
             conns, self._conns = self._conns, []
             threads = list(self._threads)
+            quiet = [conn for conn, _ in self._last_words.values()]
         for conn in conns:
             _close_quietly(conn.sock)
+        for conn in quiet:  # their threads block in recv(): a close alone does not wake them
+            _drop(conn.sock)
         for thread in threads:  # they end once their socket is closed
             thread.join(CLOSE_JOIN_S)
 
@@ -183,6 +194,9 @@ class DriverChannel:
         finally:
             with self._lock:
                 self._pending.pop(conn, None)
+        if header.get("role") == LAST_WORDS:
+            self._hear_last_words(conn, str(header.get("host", "")))
+            return
         with self._lock:
             self._conns.append(conn)
         reply = functools.partial(_send_quietly, conn)
@@ -197,12 +211,48 @@ class DriverChannel:
             # for them
             self._dispatch(Message(conn.rank, Closed(dropped=True).header()))
         except OSError:  # the rank closed its end: normal at the end of a task, after "done"
+            self._await_last_words(conn.rank)
             self._dispatch(Message(conn.rank, Closed().header()))
         finally:
             with self._lock:
                 if conn in self._conns:
                     self._conns.remove(conn)
             _close_quietly(conn.sock)
+
+    def _hear_last_words(self, conn: _Connection, host: str) -> None:
+        """Read a rank's last-words connection until it closes: nothing after a normal end;
+        after a fatal signal, faulthandler's text, handed over as a LastWords message."""
+        heard = threading.Event()
+        with self._lock:
+            self._last_words[conn.rank] = (conn, heard)
+        chunks: list[bytes] = []
+        try:
+            while sum(map(len, chunks)) < MAX_LAST_WORDS:
+                chunk = conn.sock.recv(1 << 16)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                # faulthandler writes in one burst; a forked child holding the socket
+                # open must not keep the driver from hearing it
+                conn.sock.settimeout(LAST_WORDS_QUIET_S)
+        except OSError:
+            pass
+        finally:
+            _close_quietly(conn.sock)
+        try:
+            if chunks:
+                self._dispatch(Message(conn.rank, LastWords(host).header(),
+                                       b"".join(chunks)[:MAX_LAST_WORDS]))
+        finally:
+            heard.set()
+
+    def _await_last_words(self, rank: int) -> None:
+        """Before a rank's channel is reported closed: its last words, if it has any, so
+        that a rank killed by a signal is never taken for one that died silently."""
+        with self._lock:
+            entry = self._last_words.get(rank)
+        if entry is not None:
+            entry[1].wait(LAST_WORDS_WAIT_S)
 
     def _dispatch(self, msg: Message) -> None:
         if self._closed.is_set():  # a stage that is over: its late frames must not count

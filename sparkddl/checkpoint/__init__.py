@@ -12,8 +12,9 @@ import io
 import logging
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 
+from sparkddl.checkpoint.safe import load_plain
 from sparkddl.errors import CheckpointError, StaleAttemptError
 from sparkddl.store import Store
 
@@ -47,8 +48,7 @@ def encode(payload: dict[str, Any]) -> bytes:
 
 def decode(data: bytes, where: str) -> dict[str, Any]:
     """Verify and load; CheckpointError says what is wrong with the file."""
-    import torch
-    return torch.load(io.BytesIO(verify(data, where)), weights_only=True, map_location="cpu")
+    return load_plain(verify(data, where), where, map_location="cpu")
 
 
 def verify(data: bytes, where: str) -> bytes:
@@ -122,15 +122,47 @@ def listing(store: Store, run_id: str) -> list[CheckpointRef]:
 def latest_good(store: Store, run_id: str, epoch_end: bool = False) -> CheckpointRef | None:
     """The newest checkpoint that passes its checksum (with ``epoch_end``, among those
     written at an epoch's end), warning about each one skipped."""
+    for ref, body, why in _newest_first(store, run_id, epoch_end):
+        if body is not None:
+            return ref
+        log.warning("skipping checkpoint %s; trying the previous one", why)
+    return None
+
+
+def _newest_first(store: Store, run_id: str, epoch_end: bool = False
+                  ) -> Iterator[tuple[CheckpointRef, bytes | None, str]]:
+    """Each checkpoint, newest first, with its payload if it passes its checksum, else
+    None and what is wrong with it (naming it)."""
     for ref in reversed(listing(store, run_id)):
         if epoch_end and ref.step:
             continue
         try:
-            verify(store.read_bytes(ref.url), ref.url)
+            yield ref, verify(store.read_bytes(ref.url), ref.url), ""
+        except CheckpointError as exc:
+            yield ref, None, str(exc)
+        except OSError as exc:
+            yield ref, None, f"{ref.url} cannot be read ({type(exc).__name__}: {exc})"
+
+
+def check_resumable(store: Store, run_id: str) -> CheckpointRef | None:
+    """Before a fit resumes ``run_id`` (its ``runId``): the checkpoint it will resume from,
+    loaded here once so that a tampered one stops the fit before anything runs; None if the
+    run wrote none (it starts at epoch 1). CheckpointError when it wrote some and none is
+    usable: the resume would silently train from the start."""
+    skipped = []
+    for ref, body, why in _newest_first(store, run_id):
+        if body is not None:
+            _tensors_only(body, ref.url, run_id, "the previous checkpoint")
+            load_driver_state(store, run_id, ref.epoch)
             return ref
-        except (CheckpointError, OSError) as exc:
-            log.warning("skipping checkpoint %s: %s; trying the previous one", ref.url, exc)
-    return None
+        skipped.append(f"  {why}")
+    if not skipped:
+        return None
+    raise CheckpointError(
+        f"run {run_id} cannot be resumed: none of its {len(skipped)} checkpoint(s) is "
+        "usable, so the fit would train from epoch 1:\n" + "\n".join(skipped) +
+        f"\nDelete them (the folder {checkpoint_dir(store, run_id)}) to train run {run_id} "
+        "from the start, or leave runId unset (or choose a new one) for a new run")
 
 
 # ---- the driver's side of a checkpoint: history, best snapshot, early-stopping count ----
@@ -151,11 +183,29 @@ def save_driver_state(store: Store, run_id: str, epoch: int, state: dict[str, An
 
 
 def load_driver_state(store: Store, run_id: str, epoch: int) -> dict[str, Any] | None:
+    """What :func:`save_driver_state` wrote after ``epoch`` epochs; None (with a warning) if
+    it is missing or damaged: the fit goes on without the history before it. A file that
+    passes its checksum yet holds more than tensors and plain values was not written by
+    sparkddl as it is: CheckpointError, the resume stops."""
     url = driver_state_url(store, run_id, epoch)
     if not store.exists(url):
         return None
     try:
-        return decode(store.read_bytes(url), url)
-    except CheckpointError as exc:
-        log.warning("ignoring the driver state %s: %s", url, exc)
+        body = verify(store.read_bytes(url), url)
+    except (CheckpointError, OSError) as exc:
+        log.warning("ignoring the driver state %s: %s; the history and best snapshot before "
+                    "epoch %d are not restored", url, exc, epoch + 1)
         return None
+    return _tensors_only(body, url, run_id, f"no history of its first {epoch} epoch(s)")
+
+
+def _tensors_only(body: bytes, url: str, run_id: str, without_it: str) -> dict[str, Any]:
+    """The payload of a file that passed its checksum; CheckpointError if it holds more than
+    tensors and plain values: it was changed since sparkddl wrote it, and is not resumed
+    from (``without_it``: what a resume without the file starts from)."""
+    try:
+        return load_plain(body, url, map_location="cpu")
+    except CheckpointError as exc:
+        raise CheckpointError(f"{exc}. Run {run_id} is not resumed from it: delete it (the "
+                              f"resume then starts with {without_it}) or start a new run "
+                              "(leave runId unset)") from None

@@ -15,7 +15,8 @@ from typing import Any, Generator
 import numpy as np
 
 from sparkddl.data.batching import value_counts
-from sparkddl.data.plan import ShardPlan, list_row_groups, sub_shard
+from sparkddl.data.plan import (ShardPlan, list_row_groups, read_errors, sub_shard,
+                                unreadable)
 from sparkddl.errors import DataError
 from sparkddl.store import Store
 
@@ -38,14 +39,17 @@ def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
         groups = [groups[i] for i in rng.permutation(len(groups))]
     handles: list[Any] = []
     files: dict[str, Any] = {}  # each file opened, and its footer parsed, once per pass
+    sel = plan.selection
     try:
         for group in groups:
-            if group.path not in files:
-                handles.append(filesystem.open_input_file(group.path))
-                files[group.path] = pq.ParquetFile(handles[-1])
-            sel = plan.selection
-            table = files[group.path].read_row_group(
-                group.index, columns=sel.read_columns(plan.names) if sel else plan.names)
+            try:
+                if group.path not in files:
+                    handles.append(filesystem.open_input_file(group.path))
+                    files[group.path] = pq.ParquetFile(handles[-1])
+                table = files[group.path].read_row_group(
+                    group.index, columns=sel.read_columns(plan.names) if sel else plan.names)
+            except read_errors() as exc:  # deleted or rewritten under the fit
+                raise unreadable(group.path, exc, f"rank {rank}, epoch {epoch}") from exc
             if sel is not None:
                 table = sel.apply(root, group.path, group.index, table, plan.names)
             check_table(plan, table, group.path, group.index)

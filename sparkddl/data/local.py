@@ -2,13 +2,13 @@
 (never the whole split in memory)."""
 from __future__ import annotations
 
-from typing import Iterator
+from typing import Any, Iterator
 
 import numpy as np
 
 from sparkddl.data.batching import Chunk, decode_arrow
 from sparkddl.data.dataset import Dataset
-from sparkddl.data.plan import list_row_groups
+from sparkddl.data.plan import RowGroup, check_unchanged, list_row_groups, parquet_file
 from sparkddl.store import Store
 
 STREAM_ROWS = 65_536  # rows decoded at once on the driver
@@ -20,28 +20,32 @@ def row_groups(dataset: Dataset) -> Iterator[Chunk]:
     only, streamed in parts of at most ``STREAM_ROWS`` rows: a large row group is never
     whole in memory."""
     import pyarrow as pa
-    import pyarrow.parquet as pq
 
     store = Store.from_uri(dataset.url)
     fs = store.filesystem()
     root = store.fs_path(dataset.url)
     names = [c.name for c in dataset.columns]
     sel = dataset.selection
+    if dataset.files:  # read in place: a file removed since must not just go missing
+        check_unchanged(fs, root, dataset.files, "the driver")
     for group in list_row_groups(fs, root):
-        with fs.open_input_file(group.path) as f:
-            parts = pq.ParquetFile(f, buffer_size=READ_BUFFER).iter_batches(
-                batch_size=STREAM_ROWS, row_groups=[group.index], use_threads=False,
-                columns=sel.read_columns(names) if sel else names)
-            start = 0
-            for part in parts:
-                table = pa.Table.from_batches([part])
-                if sel is not None:
-                    table = sel.apply(root, group.path, group.index, table, names, start,
-                                      group.rows)
-                start += part.num_rows
-                if table.num_rows:
-                    yield {c.name: decode_arrow(c, table.column(c.name))
-                           for c in dataset.columns}
+        start = 0
+        for part in _parts(fs, group, sel.read_columns(names) if sel else names):
+            table = pa.Table.from_batches([part])
+            if sel is not None:
+                table = sel.apply(root, group.path, group.index, table, names, start,
+                                  group.rows)
+            start += part.num_rows
+            if table.num_rows:
+                yield {c.name: decode_arrow(c, table.column(c.name)) for c in dataset.columns}
+
+
+def _parts(fs: Any, group: RowGroup, columns: list[str]) -> Iterator[Any]:
+    """Record batches of ``group``; a file that cannot be read is a DataError naming it
+    (what is done with the rows is not: its errors are not the file's)."""
+    with parquet_file(fs, group.path, buffer_size=READ_BUFFER) as f:
+        yield from f.iter_batches(batch_size=STREAM_ROWS, row_groups=[group.index],
+                                  use_threads=False, columns=columns)
 
 
 def batches(dataset: Dataset, size: int) -> Iterator[Chunk]:

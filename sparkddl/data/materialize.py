@@ -20,6 +20,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, Iterator
 
+from sparkddl.config import check_validation
 from sparkddl.data import fingerprint as fp
 from sparkddl.data.dataset import Dataset, PreparedData, read_meta, write_meta
 from sparkddl.data.memory import heap_errors, row_group_bytes
@@ -125,6 +126,7 @@ def validation_setting(validation: float | str | None, kinds: dict[str, str]
                         ) -> tuple[str | None, float]:
     if validation is None or validation == 0:
         return None, 0.0
+    check_validation(validation)
     if isinstance(validation, str):
         if validation not in kinds:
             raise DataError(f"validation column {validation!r} not found; the data has "
@@ -133,10 +135,6 @@ def validation_setting(validation: float | str | None, kinds: dict[str, str]
             raise DataError(f"validation column {validation!r} must be boolean or 0/1, "
                             f"not {kinds[validation]}")
         return validation, 0.0
-    if isinstance(validation, bool) or not isinstance(validation, (int, float)) or \
-            not 0 < validation < 1:
-        raise DataError(f"validation must be a fraction in (0, 1), a boolean/0-1 column name, "
-                        f"or None; got {validation!r}")
     return None, float(validation)
 
 

@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import logging
 import posixpath
+from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Iterator
 from urllib.parse import urlparse
 
 from sparkddl.config import READERS
@@ -93,15 +94,53 @@ def data_files(filesystem: Any, root: str) -> list[Any]:
 def list_row_groups(filesystem: Any, root: str) -> list[RowGroup]:
     """Every row group under ``root`` in Petastorm's order: :func:`data_files`, row groups in
     file order. Row groups without rows are kept: Petastorm counts them when it shards."""
-    import pyarrow.parquet as pq
-
     groups = []
     for info in data_files(filesystem, root):
-        with filesystem.open_input_file(info.path) as f:
-            meta = pq.ParquetFile(f).metadata
+        with parquet_file(filesystem, info.path) as f:
+            meta = f.metadata
         groups += [RowGroup(info.path, i, meta.row_group(i).num_rows)
                    for i in range(meta.num_row_groups)]
     return groups
+
+
+@contextmanager
+def parquet_file(filesystem: Any, path: str, where: str = "", **options: Any) -> Iterator[Any]:
+    """``pyarrow.parquet.ParquetFile`` of ``path``; opening it, reading its footer, or
+    reading from it inside the ``with`` fails with a DataError naming the file (pyarrow's
+    own errors, e.g. "Parquet magic bytes not found", name none)."""
+    import pyarrow.parquet as pq
+
+    try:
+        with filesystem.open_input_file(path) as f:
+            yield pq.ParquetFile(f, **options)
+    except read_errors() as exc:
+        raise unreadable(path, exc, where) from exc
+
+
+def read_errors() -> tuple[type[BaseException], ...]:
+    """What pyarrow raises for a file that is gone, truncated or not Parquet."""
+    import pyarrow as pa
+    return (OSError, pa.ArrowException)
+
+
+def unreadable(path: str, exc: BaseException, where: str = "") -> DataError:
+    """The DataError for a data file that is gone or cannot be read as Parquet; ``path``
+    may be the dataset's URL where the reader did not say which of its files failed."""
+    import pyarrow as pa
+    prefix = f"{where}: " if where else ""
+    if isinstance(exc, FileNotFoundError):
+        return DataError(f"{prefix}the Parquet data file {path} is gone (deleted or moved "
+                         "after the fit listed it); a table must not be changed while it is "
+                         "trained on: train on a fixed version (a snapshot or copy), or "
+                         "start the fit again")
+    if isinstance(exc, pa.ArrowException):
+        return DataError(f"{prefix}the Parquet data file {path} cannot be read "
+                         f"({type(exc).__name__}: {exc}); it is truncated, corrupted or not "
+                         "Parquet. Repair or rewrite the table (e.g. read what is good and "
+                         "write it again with Spark), or remove the file from its directory")
+    return DataError(f"{prefix}reading the Parquet data file {path} failed "
+                     f"({type(exc).__name__}: {exc}); check that its filesystem is reachable "
+                     "and the file readable from here")
 
 
 def _is_data(root: str, path: str) -> bool:

@@ -19,7 +19,8 @@ import numpy as np
 from sparkddl.config import POOL_TYPES
 from sparkddl.data import arrow_source, petastorm_source
 from sparkddl.data.batching import Chunk, Rebatcher, decode_arrow, to_tensors
-from sparkddl.data.plan import ShardPlan, check_unchanged, resolve_reader
+from sparkddl.data.plan import (ShardPlan, check_unchanged, read_errors, resolve_reader,
+                                unreadable)
 from sparkddl.data.transform import Shapes, ahead
 from sparkddl.errors import DataError
 
@@ -52,11 +53,7 @@ def epoch_batches(plan: ShardPlan, rank: int, epoch: int) -> Iterator[dict[str, 
                         f"{', '.join(POOL_TYPES)}")
     source = SOURCES[resolve_reader(plan.reader, f"rank {rank}", plan.selection is not None,
                                     plan.url, plan.raw_in_place)]
-    if plan.files:
-        from sparkddl.store import Store
-        store = Store.from_uri(plan.url)
-        check_unchanged(store.filesystem(), store.fs_path(plan.url), plan.files,
-                        f"rank {rank}, epoch {epoch}")
+    _check_files(plan, f"rank {rank}, epoch {epoch}")
     rng = np.random.default_rng([plan.seed, epoch, rank])
     rebatcher = Rebatcher(plan.batch_size, plan.shuffle_buffer, rng)
     emitted = 0
@@ -95,7 +92,8 @@ def _decoded(source: Source, plan: ShardPlan, rank: int, epoch: int, part: int, 
     """Decoded row groups of part ``part`` of ``parts`` of this rank's shard, without
     per-row Python objects. Striding, the source yields every row group in file order and
     this rank keeps the rows whose position in the dataset is ``rank`` modulo ``world``."""
-    tables = source(plan, rank, epoch, part, parts)
+    tables = _named_failures(source(plan, rank, epoch, part, parts), plan,
+                             f"rank {rank}, epoch {epoch}")
     try:
         offset = 0
         for table in tables:
@@ -108,6 +106,28 @@ def _decoded(source: Source, plan: ShardPlan, rank: int, epoch: int, part: int, 
             yield chunk
     finally:
         tables.close()
+
+
+def _check_files(plan: ShardPlan, where: str) -> None:
+    """A table read in place: DataError if its files are not those planned."""
+    if plan.files:
+        from sparkddl.store import Store
+        store = Store.from_uri(plan.url)
+        check_unchanged(store.filesystem(), store.fs_path(plan.url), plan.files, where)
+
+
+def _named_failures(tables: Generator[Any, None, None], plan: ShardPlan, where: str
+                    ) -> Generator[Any, None, None]:
+    """``tables``, with a file the source cannot read (Petastorm names it in its message
+    only) as a DataError naming it, or naming the files that changed under the fit."""
+    try:
+        yield from tables
+    except read_errors() as exc:
+        _check_files(plan, where)
+        path = getattr(exc, "filename", None)
+        if path is None and type(exc) is OSError:  # the filesystem's own error: as it is
+            raise
+        raise unreadable(path or f"(one of {plan.url})", exc, where) from exc
 
 
 _DONE = object()

@@ -13,7 +13,7 @@ from sparkddl.data import fingerprint as fp
 from sparkddl.data.batching import value_counts
 from sparkddl.data.dataset import Dataset, PreparedData
 from sparkddl.data.plan import (RowGroup, check_enough_rows, data_files, list_row_groups,
-                                needs_stride)
+                                needs_stride, parquet_file)
 from sparkddl.data.schema import ColumnSpec, DataSpec, check_columns, column_spec
 from sparkddl.data.split import Selection, column_rows, fraction_rows
 from sparkddl.errors import DataError
@@ -47,8 +47,6 @@ def open_parquet(url: str, spec: DataSpec) -> Dataset:
     Null counts come from column statistics; unequal array lengths are caught by the reader.
     Row groups without rows (pyarrow writes an empty table as one) stay in ``row_groups``:
     both readers count them when they shard, so the plan must too."""
-    import pyarrow.parquet as pq
-
     store = Store.from_uri(url)
     fs, root = store.filesystem(), store.fs_path(store.url())
     try:
@@ -58,8 +56,8 @@ def open_parquet(url: str, spec: DataSpec) -> Dataset:
     if not sum(g.rows for g in groups):
         raise DataError(f"no Parquet rows under {url}; point at a directory of Parquet files")
     first = next(g for g in groups if g.rows)  # an empty one has no arrays to measure
-    with fs.open_input_file(first.path) as f:
-        parquet = pq.ParquetFile(f, buffer_size=1 << 20)  # pages, not whole column chunks
+    # pages, not whole column chunks
+    with parquet_file(fs, first.path, buffer_size=1 << 20) as parquet:
         schema = parquet.schema_arrow
         fields = {n: (arrow_kind(schema.field(n).type), str(schema.field(n).type))
                   for n in schema.names}
@@ -94,10 +92,10 @@ def open_parquet(url: str, spec: DataSpec) -> Dataset:
 
 def _footers(fs: Any, groups: list[RowGroup]) -> Any:
     """(path, metadata) of every file of ``groups``, each footer read once."""
-    import pyarrow.parquet as pq
     for path in dict.fromkeys(g.path for g in groups):
-        with fs.open_input_file(path) as f:
-            yield path, pq.ParquetFile(f).metadata
+        with parquet_file(fs, path) as f:
+            meta = f.metadata
+        yield path, meta
 
 
 def _check_footers(fs: Any, groups: list[RowGroup], columns: tuple[ColumnSpec, ...]) -> None:
@@ -231,14 +229,12 @@ def _validation_counts(fs: Any, root: str, groups: list[RowGroup], fraction: flo
                        column: str | None) -> list[int]:
     """Validation rows of every row group: from the seeded draws alone for a fraction, by
     reading the one column for a split column."""
-    import pyarrow.parquet as pq
-
     if column is None:
         return [int(fraction_rows(fraction, seed, root, g.path, g.index, g.rows).sum())
                 for g in groups]
     counts = []
     for g in groups:
-        with fs.open_input_file(g.path) as f:
-            values = pq.ParquetFile(f).read_row_group(g.index, columns=[column]).column(column)
+        with parquet_file(fs, g.path) as f:
+            values = f.read_row_group(g.index, columns=[column]).column(column)
         counts.append(int(column_rows(column, values, f"{g.path} row group {g.index}").sum()))
     return counts

@@ -3,7 +3,6 @@ and ask the ranks to stop when the chosen metric stops improving. Across restart
 to what it knew when the checkpoint being resumed from was written."""
 from __future__ import annotations
 
-import io
 import logging
 import math
 import queue
@@ -12,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from sparkddl import checkpoint
+from sparkddl.checkpoint.safe import load_plain
 from sparkddl.channel import messages
 from sparkddl.data import Dataset
 from sparkddl.data.batching import to_tensors
@@ -187,10 +187,10 @@ class SnapshotEvaluator:
 
     def _handle(self, snapshot: messages.Snapshot, payload: bytes,
                 reply: Callable[[dict[str, Any]], None]) -> None:
-        import torch
         epoch = snapshot.epoch
         data = self.store.read_bytes(snapshot.url) if snapshot.url else payload
-        state = torch.load(io.BytesIO(data), weights_only=True, map_location="cpu")
+        state = load_plain(data, snapshot.url or f"the snapshot of epoch {epoch} from rank 0",
+                           map_location="cpu")
         snap = Snapshot(epoch, state)
         scores = self._evaluate(state) if self.val is not None else {}
         with self._lock:

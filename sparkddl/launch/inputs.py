@@ -6,6 +6,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from sparkddl import checkpoint
 from sparkddl.config import TrainConfig
 from sparkddl.data import DataSpec, PreparedData, prepare
 from sparkddl.data.local import read_rows
@@ -101,6 +102,8 @@ def fit_inputs(df: Any, model: Any, optimizer: Any, loss: Any, config: TrainConf
     store = Store.from_uri(config.store)
     store.check_shared()
     store.check_writable()
+    if config.run_id:  # before the data is prepared: a resume that cannot resume stops here
+        checkpoint.check_resumable(store, config.run_id)
     data = prepare_data(df, config, store, config.num_workers)
     sample, transform_shapes = sample_through_transform(read_rows(data.train, limit=8), config)
     check_finite(sample, config.features, config.on_non_finite_loss)

@@ -12,6 +12,7 @@ from typing import Any, Callable
 from sparkddl.channel import messages as m
 from sparkddl.channel.server import Message
 from sparkddl.errors import RankFailure
+from sparkddl.task import last_words
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +92,8 @@ class StageMonitor:
             m.Hello: [self._hello, self._relay_rendezvous],
             m.Rendezvous: [self._relay_rendezvous],
             m.Log: [self._print], m.Error: [self._failed], m.Closed: [self._closed],
-            m.Heartbeat: [self._beat], m.Done: [self._done], m.Stacks: [self._stacks]}
+            m.Heartbeat: [self._beat], m.Done: [self._done], m.Stacks: [self._stacks],
+            m.LastWords: [self._last_words]}
         for kind, handler in (handlers or {}).items():
             self.table.setdefault(kind, []).append(handler)
 
@@ -166,6 +168,15 @@ class StageMonitor:
             self.failures[msg.rank] = RankFailure(
                 rank=msg.rank, message=body.message, traceback=body.traceback,
                 host=body.host, status=dict(body.status or {}))
+        self.wake.set()
+
+    def _last_words(self, msg: Message, body: m.LastWords) -> None:
+        """A fatal signal killed the rank: the cause, not a consequence, so it goes first."""
+        text = msg.payload.decode("utf-8", "replace")
+        with self._lock:
+            failure = last_words.failure(msg.rank, text, body.host or self.where.get(msg.rank, ""),
+                                         self.beats.get(msg.rank))
+            self.failures = {msg.rank: failure, **self.failures}
         self.wake.set()
 
     def _closed(self, msg: Message, body: m.Closed) -> None:

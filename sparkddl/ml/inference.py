@@ -3,13 +3,13 @@ model loaded once per Python worker."""
 from __future__ import annotations
 
 import hashlib
-import io
 import threading
 from dataclasses import dataclass
 from typing import Any, Iterator
 
 import pandas as pd  # module level: pandas_udf resolves the type hints below against it
 
+from sparkddl.checkpoint.safe import load_plain
 from sparkddl.errors import ConfigError
 from sparkddl.portable import column, outputs
 
@@ -49,11 +49,10 @@ class ModelPayload:
 
     def module(self, device: Any = "cpu") -> Any:
         """The model in eval mode on ``device``; built once per worker process and cached."""
-        import torch
         key = f"{self.key}@{device}"
         with _lock:
             if key not in _models:
-                state = torch.load(io.BytesIO(self.weights), weights_only=True)
+                state = load_plain(self.weights, "the model's weights shipped by the driver")
                 if self.program is not None:
                     from sparkddl.exported import load
                     module = load(self.program, state, device)

@@ -11,7 +11,7 @@ from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable
 
 from sparkddl import exported
 from sparkddl.config import TrainConfig
-from sparkddl.errors import SparkDDLError
+from sparkddl.errors import DataError, SparkDDLError, StoreError
 from sparkddl.ml import architecture
 from sparkddl.ml._params import HasTorchModelParams
 from sparkddl.launch.connect import is_connect
@@ -113,6 +113,7 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
         features = self._features()
         check_device(self.getOrDefault(self.inferenceDevice))
         types = {f.name: type(f.dataType).__name__ for f in dataset.schema.fields}
+        _check_features(features, list(types))
         inputs = []
         for name in features:
             col = F.col(f"`{name}`")
@@ -188,6 +189,11 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
         ``trusted=True`` (or ``with trusted_loading():``), since unpickling its architecture
         runs code. A model fitted with a transformFn needs it back: ``transformFn=fn``, or
         trusted loading when it is not one of sparkddl's own.
+
+        The torch.export program is checked against what sparkddl's export writes before
+        torch reads it (torch would compile guard code and evaluate expressions a tampered
+        file holds); anything else raises UntrustedArtifactError naming the file and the
+        field. ``trusted=True`` skips that check too: torch then reads the program as it is.
         """
         reader = _TorchModelReader(model=model, transform=transformFn)
         if trusted:
@@ -204,6 +210,32 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
 def _plain(value: Any) -> Any:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) \
         else value
+
+
+def _check_features(features: list[str], present: list[str]) -> None:
+    """DataError naming the feature columns the DataFrame lacks (Spark's own error would come
+    as an AnalysisException, or only at an action on Spark Connect). Case-insensitive, as
+    Spark resolves names by default."""
+    have = {name.lower() for name in present}
+    missing = [name for name in features if name.lower() not in have]
+    if missing:
+        raise DataError(f"transform: the DataFrame has no column {', '.join(map(repr, missing))}"
+                        f" (the model's featuresCol: {', '.join(features)}); its columns are "
+                        f"{', '.join(present) or 'none'}. Select or rename the columns the "
+                        "model was trained on, or set featuresCol to the ones that hold them")
+
+
+def _metadata(path: str, spark: Any) -> dict[str, Any]:
+    """The saved model's metadata; StoreError if ``path`` holds no saved model (Spark would
+    raise an AnalysisException naming only the metadata folder)."""
+    store = _qualified(spark, path)
+    if not store.exists(store.url("metadata")):
+        what = "does not exist" if not store.exists(store.url()) else \
+            "has no metadata/ folder, so it is not a saved model"
+        raise StoreError(f"cannot load a TorchModel from {path} ({store.url()}): it {what}. "
+                         "Give the path passed to model.save() / model.write().save(), as "
+                         "this driver sees it")
+    return DefaultParamsReader.loadMetadata(path, spark)
 
 
 def _qualified(spark: Any, path: str) -> Store:
@@ -268,7 +300,7 @@ class _TorchModelReader(MLReader):
         import torch
 
         from sparkddl.train.components import model_factory
-        meta = DefaultParamsReader.loadMetadata(path, self.sparkSession)
+        meta = _metadata(path, self.sparkSession)
         store = _qualified(self.sparkSession, path)
         m = TorchModel()
         m._resetUid(meta["uid"])
@@ -280,8 +312,8 @@ class _TorchModelReader(MLReader):
         m._state = torch.load(io.BytesIO(store.read_bytes(store.url("weights.pt"))),
                               weights_only=True)
         saved = meta.get("program")
-        program = exported.read(store, saved["parameters"]) if saved and self.model is None \
-            else None
+        program = exported.read(store, saved["parameters"], architecture.is_trusted()) \
+            if saved and self.model is None else None
         if self.model is not None:
             m._factory = model_factory(self.model)
             m._arch = architecture.describe(m._factory)

@@ -2,8 +2,9 @@
 
 Each task connects to the driver channel, forwards its output, joins the rendezvous, sets
 the environment a torchrun script expects, runs the user's function and reports a failure
-with its traceback before Spark hears of it. Everything it changes in the (reused) Python
-worker is restored when the task ends.
+with its traceback before Spark hears of it, also when the function ends the process
+(``sys.exit``, ``os._exit``, a fatal signal: :mod:`sparkddl.task.last_words`). Everything
+it changes in the (reused) Python worker is restored when the task ends.
 """
 from __future__ import annotations
 
@@ -12,11 +13,11 @@ import logging
 import os
 import time
 import traceback
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from datetime import timedelta
 from typing import Any, Iterable, Iterator
 
-from sparkddl.channel.client import RankChannel
+from sparkddl.channel.client import RankChannel, open_last_words
 from sparkddl.channel.messages import (DumpStacks, Done, Error, Rendezvous, Stacks, Stop,
                                        parse)
 from sparkddl.channel.offline import OfflineChannel
@@ -26,6 +27,7 @@ from sparkddl.task.affinity import pinned
 from sparkddl.task.dist import note_visible_devices
 from sparkddl.task.gpu import map_gpu_addresses
 from sparkddl.task.heartbeat import Heartbeat
+from sparkddl.task.last_words import exit_message, fatal_signals, reported_exits
 from sparkddl.task.logs import forward_output
 from sparkddl.task.network import executor_address, executor_id, interface_env, rank_label
 from sparkddl.task.stacks import python_stacks
@@ -52,23 +54,26 @@ def barrier_entry(spec: TaskSpec, _rows: Iterable[Any]) -> Iterator[bytes]:
                               "starting": True}
     reported: list[BaseException] = []
 
+    def post_failure(message: str, stack: str) -> None:
+        channel.post(Error(_clip(message), _clip(stack), where, dict(status)))
+        channel.flush()
+
     def report(exc: BaseException) -> None:
         if exc not in reported:
             reported.append(exc)
-            channel.post(Error(_clip(f"{type(exc).__name__}: {exc}"),
-                               _clip(traceback.format_exc()), where,
-                               dict(status)))
-            channel.flush()
+            post_failure(exit_message(exc) or f"{type(exc).__name__}: {exc}",
+                         traceback.format_exc())
 
     result: bytes | None = None
     try:
         with forward_output(channel, echo=spec.echo_output), \
-                Heartbeat(channel, status, spec.heartbeat_s):
+                Heartbeat(channel, status, spec.heartbeat_s), _last_words(spec, rank, where):
             try:
                 with rank_environment(spec, spark_ctx, channel, status):
                     fn, args, kwargs = cloudpickle.loads(spec.payload)
                     try:
-                        value = _call(fn, args, kwargs)
+                        with reported_exits(post_failure):
+                            value = _call(fn, args, kwargs)
                     except BaseException as exc:
                         # report before the process group is torn down: tearing it down
                         # breaks the peers' collectives, and their reports must come second
@@ -144,6 +149,12 @@ def _dump_result(value: Any) -> bytes:
     except Exception as exc:
         raise TypeError(f"rank 0 returned a {type(value).__name__} that cannot be pickled "
                         f"({exc}); return plain data (numbers, dicts, tensors, bytes)") from exc
+
+
+def _last_words(spec: TaskSpec, rank: int, where: str) -> AbstractContextManager[None]:
+    """While the task runs, a fatal signal's report reaches the driver (offline, none can)."""
+    return fatal_signals(None if spec.offline else functools.partial(
+        open_last_words, spec.channel_host, spec.channel_port, spec.secret, rank, where))
 
 
 def _connect(spec: TaskSpec, rank: int, where: str) -> RankChannel:

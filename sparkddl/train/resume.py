@@ -12,6 +12,7 @@ from typing import Any
 
 from sparkddl import checkpoint
 from sparkddl.channel.messages import Checkpoint
+from sparkddl.checkpoint.safe import load_plain
 from sparkddl.store import Store
 from sparkddl.task import context
 
@@ -105,5 +106,5 @@ def gather_to_chief(state: dict[str, Any], ctx: context.RankContext) -> list[Any
         dist.gather(padded, parts, dst=0)
     if parts is None:
         return None
-    return [torch.load(io.BytesIO(p[:int(n.item())].numpy().tobytes()), weights_only=True)
-            for p, n in zip(parts, sizes)]
+    return [load_plain(p[:int(n.item())].numpy().tobytes(), f"rank {r}'s checkpoint state")
+            for r, (p, n) in enumerate(zip(parts, sizes))]

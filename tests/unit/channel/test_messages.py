@@ -12,7 +12,8 @@ EXAMPLES = [m.Hello(1, "h", 7), m.Rendezvous(4242), m.Log("stderr", True),
             m.Error("RuntimeError: x", "Traceback ...", "h", {"steps": 3}), m.Done(),
             m.Progress(1, 2, 10, 0.5), m.Epoch({"epoch": 1, "train_loss": 0.1}),
             m.Snapshot(2, final=True, url="file:///s"), m.Checkpoint(2, 0, "file:///c"),
-            m.Stop(3), m.Closed(), m.Stacks(), m.DumpStacks()]
+            m.Stop(3), m.Closed(), m.Stacks(), m.DumpStacks(), m.LastWords("h"),
+            m.Hello(1, "h", 7, role=m.LAST_WORDS)]
 
 
 def test_every_kind_is_covered_and_round_trips_as_json():
