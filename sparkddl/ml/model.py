@@ -11,7 +11,7 @@ from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable
 
 from sparkddl import exported
 from sparkddl.config import TrainConfig
-from sparkddl.errors import DataError, SparkDDLError, StoreError
+from sparkddl.errors import DataError, SparkDDLError, StoreError, UntrustedArtifactError
 from sparkddl.ml import architecture
 from sparkddl.ml._params import HasTorchModelParams
 from sparkddl.launch.connect import is_connect
@@ -297,8 +297,7 @@ class _TorchModelReader(MLReader):
         self.model, self.transform = model, transform
 
     def load(self, path: str) -> TorchModel:
-        import torch
-
+        from sparkddl.checkpoint.safe import load_plain
         from sparkddl.train.components import model_factory
         meta = _metadata(path, self.sparkSession)
         store = _qualified(self.sparkSession, path)
@@ -309,8 +308,9 @@ class _TorchModelReader(MLReader):
         m.input_specs = tuple(exported.InputSpec.from_json(d) for d in meta.get("inputs", []))
         m.export_error = meta.get("export_error", "")
         m.trained_on_gpu = bool(meta.get("trained_on_gpu", False))
-        m._state = torch.load(io.BytesIO(store.read_bytes(store.url("weights.pt"))),
-                              weights_only=True)
+        weights = store.url("weights.pt")
+        m._state = load_plain(store.read_bytes(weights), weights, UntrustedArtifactError,
+                              map_location="cpu")
         saved = meta.get("program")
         program = exported.read(store, saved["parameters"], architecture.is_trusted()) \
             if saved and self.model is None else None

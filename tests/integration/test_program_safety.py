@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import pickle
 
 import pytest
 
@@ -19,6 +21,16 @@ from tests.integration.digits import digits_df  # noqa: E402
 def digits(spark_local):
     df = digits_df(spark_local)
     return df.filter("split != 0"), df.filter("split = 0")
+
+
+class _Payload:
+    """Unpickling this runs a shell command: what a tampered weights.pt would hold."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
 
 
 def _with_guard(graph: bytes, guard: str) -> bytes:
@@ -61,6 +73,11 @@ def test_a_tampered_guard_runs_nowhere(digits, mlflow_store, tmp_path):
     want = model.transform(test).select("prediction").collect()
     trusted = TorchModel.load(str(path), trusted=True)
     assert trusted.transform(test).select("prediction").collect() == want
+    # weights.pt is read as tensors only: a pickle that would run code is refused, naming it
+    (path / "program.json").write_bytes(original)
+    (path / "weights.pt").write_bytes(pickle.dumps(_Payload(marker)))
+    with pytest.raises(UntrustedArtifactError, match=r"m/weights\.pt holds objects other"):
+        TorchModel.load(str(path), trusted=True)
     # the logged MLflow model: its pyfunc runs the copy of sparkddl.portable it holds
     [logged] = list((tmp_path / "artifacts").glob("**/sparkddl/program.json"))
     logged.write_bytes(_with_guard(logged.read_bytes(), guard))
