@@ -32,6 +32,10 @@ def _metrics(value: Any) -> Any:
         return value
     if isinstance(value, str) or callable(value):
         return (value,)
+    if not isinstance(value, (list, tuple)):
+        raise ConfigError(f"metrics must be a metric name, a callable, a list of them or a "
+                          f"name -> callable dict (e.g. ['accuracy', 'f1']), got "
+                          f"{type(value).__name__} {value!r}")
     return tuple(value)
 
 
@@ -66,6 +70,9 @@ def _shapes(value: Any) -> dict[str, tuple[int, ...]]:
 
 
 def _options(value: Any) -> dict[str, Any]:
+    if value is not None and not isinstance(value, dict):
+        raise ConfigError(f"strategyOptions must be a dict of option -> value (e.g. "
+                          f"{{'bucket_mb': 25}}), got {type(value).__name__} {value!r}")
     return dict(value or {})
 
 

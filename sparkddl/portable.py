@@ -56,7 +56,26 @@ def deserialize_program(graph: bytes, constants: bytes, example_inputs: bytes,
     weights = {k: torch.nn.Parameter(v, requires_grad=False) if k in params else v
                for k, v in state.items()}
     artifact = SerializedArtifact(graph, weights, consts, examples)  # type: ignore[arg-type]
-    return deserialize(artifact)
+    program = deserialize(artifact)
+    _check_weights(program, where)
+    return program
+
+
+def _check_weights(program: Any, where: str) -> None:
+    """ValueError naming the first weight whose shape or dtype is not the one the graph was
+    exported with (torch would run such weights where the operations happen to fit, e.g.
+    another MLP's, and predict garbage)."""
+    placeholders = {n.name: n for n in program.graph.nodes if n.op == "placeholder"}
+    for spec in program.graph_signature.input_specs:
+        tensor = program.state_dict.get(spec.target) if spec.target else None
+        node = placeholders.get(getattr(spec.arg, "name", ""))
+        want = node.meta.get("val") if node is not None else None
+        if tensor is None or want is None:
+            continue
+        if tuple(tensor.shape) != tuple(want.shape) or tensor.dtype != want.dtype:
+            raise ValueError(f"weight {spec.target!r} is {tensor.dtype} {list(tensor.shape)}, "
+                             f"but the program in {where} takes {want.dtype} "
+                             f"{list(want.shape)}: the weights belong to another model")
 
 
 def load_program(graph: bytes, constants: bytes, example_inputs: bytes,
@@ -111,11 +130,29 @@ def column(series: Any, shape: Any) -> Any:
     """A feature column (pandas: scalars, or arrays/lists per row) as float32 rows of
     ``shape`` (None: as they come)."""
     import numpy as np
+    name = getattr(series, "name", None)
     values = series.to_numpy()
-    if values.dtype == object:
-        values = np.stack([np.asarray(v) for v in values]) if len(values) else np.zeros((0, 1))
+    if values.dtype == object:  # arrays per row (a null scalar is NaN: it predicts NaN)
+        nulls = int(series.isna().sum())
+        if nulls:
+            raise ValueError(f"feature column {name!r} has {nulls} null row(s) in a batch of "
+                             f"{len(series)}; drop or fill them first, e.g. "
+                             f"df.na.drop(subset=[{name!r}])")
+        rows = [np.asarray(v) for v in values]
+        widths = sorted({r.shape for r in rows})
+        if len(widths) > 1:
+            raise ValueError(f"feature column {name!r} holds rows of different shapes "
+                             f"({', '.join(map(str, widths[:4]))}); every row must have the "
+                             "shape the model was trained on (pad or trim them)")
+        values = np.stack(rows) if rows else np.zeros((0, 1))
     arr = np.ascontiguousarray(values, dtype=np.float32)
-    return arr.reshape((len(arr), *shape)) if shape else arr
+    if not shape:
+        return arr
+    want, got = int(np.prod(shape)), arr.size // max(len(arr), 1)
+    if got != want:
+        raise ValueError(f"feature column {name!r} has {got} value(s) per row; the model "
+                         f"takes {want} (shape {list(shape)}), as it was trained on")
+    return arr.reshape((len(arr), *shape))
 
 
 def outputs(kind: str, out: Any) -> dict[str, Any]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import pickle
 import re
+import struct
 from typing import Any
 
 from sparkddl.errors import CheckpointError, SparkDDLError
@@ -37,7 +38,8 @@ def load_plain(data: bytes, where: str, error: type[SparkDDLError] = CheckpointE
                     "from a file or the network. If it is not a file sparkddl wrote, or was "
                     "changed since, delete it (a checksum beside a file defends against "
                     "accidents, not tampering)") from None
-    except (RuntimeError, EOFError, ValueError) as exc:
+    except (RuntimeError, EOFError, ValueError, IndexError, KeyError, TypeError,
+            AttributeError, struct.error) as exc:  # what random bytes make torch raise
         raise error(f"{where} is not readable torch.save data ({type(exc).__name__}: "
                     f"{_first_line(str(exc))}); delete it or write it again") from None
 

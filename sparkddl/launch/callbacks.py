@@ -40,8 +40,13 @@ class Callbacks:
             fn = getattr(cb, hook, None)
             if not callable(fn):
                 continue
-            if not guarded:
-                out.append(fn(*args))
+            if not guarded:  # the user's own error, as raised, with a note naming the hook
+                try:
+                    out.append(fn(*args))
+                except Exception as exc:
+                    exc.add_note(f"(raised by callback {type(cb).__name__}.{hook}, which "
+                                 "sparkddl ran on the driver)")
+                    raise
                 continue
             try:  # runs while the ranks train: they go on; the fit reports the error
                 out.append(fn(*args))

@@ -15,7 +15,7 @@ from sparkddl.channel import messages as m
 from sparkddl.channel.server import Message
 from sparkddl.config import TrainConfig
 from sparkddl.data import PreparedData
-from sparkddl.errors import ConfigError, JobCancelledError, TrainingFailedError
+from sparkddl.errors import CheckpointError, ConfigError, JobCancelledError, TrainingFailedError
 from sparkddl.launch import preflight
 from sparkddl.launch.bounded import bounded_jobs
 from sparkddl.launch.callbacks import Callbacks
@@ -267,7 +267,14 @@ def _record_run(store: Store, run_id: str, data: PreparedData, config: TrainConf
         store.write_bytes(url, json.dumps({"run_id": run_id, "created": time.time(),
                                            **layout}).encode())
         return
-    previous = json.loads(store.read_bytes(url))
+    try:
+        previous = json.loads(store.read_bytes(url))
+        if not isinstance(previous, dict):
+            raise ValueError(f"a JSON {type(previous).__name__}, not an object")
+    except ValueError as exc:  # json.JSONDecodeError, UnicodeDecodeError
+        raise CheckpointError(f"run {run_id}: {url} is not the JSON sparkddl writes ({exc}), so "
+                              "the run cannot be checked for resuming; delete the file to resume "
+                              "as written, or leave runId unset to start a new run") from None
     changed = {k: (previous.get(k), v) for k, v in layout.items() if previous.get(k) != v}
     if changed:
         what = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items())

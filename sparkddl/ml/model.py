@@ -11,7 +11,8 @@ from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReadable
 
 from sparkddl import exported
 from sparkddl.config import TrainConfig
-from sparkddl.errors import DataError, SparkDDLError, StoreError, UntrustedArtifactError
+from sparkddl.errors import (ConfigError, DataError, SparkDDLError, StoreError,
+                             UntrustedArtifactError)
 from sparkddl.ml import architecture
 from sparkddl.ml._params import HasTorchModelParams
 from sparkddl.launch.connect import is_connect
@@ -114,6 +115,15 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
         check_device(self.getOrDefault(self.inferenceDevice))
         types = {f.name: type(f.dataType).__name__ for f in dataset.schema.fields}
         _check_features(features, list(types))
+        if self._transform_fn is None:
+            _check_numeric(features, dataset.schema)
+        if self._factory is None and self._program is None:
+            raise ConfigError("this TorchModel has no model to run: get one from "
+                              "TorchEstimator.fit or TorchModel.load")
+        rows = self.getOrDefault(self.inferenceBatchSize)
+        if not isinstance(rows, int) or rows < 1:
+            raise ConfigError(f"inferenceBatchSize must be an integer >= 1 (rows per forward "
+                              f"pass), got {rows!r}")
         inputs = []
         for name in features:
             col = F.col(f"`{name}`")
@@ -225,6 +235,24 @@ def _check_features(features: list[str], present: list[str]) -> None:
                         "model was trained on, or set featuresCol to the ones that hold them")
 
 
+def _check_numeric(features: list[str], schema: Any) -> None:
+    """DataError naming the feature columns that hold no numbers (a string column would be
+    cast to null, or fail on the executors); a transformFn may read anything."""
+    from pyspark.sql.types import ArrayType, BooleanType, NumericType
+    fields = {f.name.lower(): f for f in schema.fields}
+    for name in features:
+        kind = fields[name.lower()].dataType
+        inner = kind.elementType if isinstance(kind, ArrayType) else kind
+        if isinstance(inner, ArrayType):
+            inner = inner.elementType
+        if isinstance(inner, (NumericType, BooleanType)) or type(inner).__name__ == "VectorUDT":
+            continue
+        raise DataError(f"transform: feature column {name!r} is {kind.simpleString()}; the "
+                        "model takes numbers (a numeric column, an array of numbers or a "
+                        "vector). Convert it first (e.g. F.col(name).cast('array<float>')), or "
+                        "fit with a transformFn that decodes it")
+
+
 def _metadata(path: str, spark: Any) -> dict[str, Any]:
     """The saved model's metadata; StoreError if ``path`` holds no saved model (Spark would
     raise an AnalysisException naming only the metadata folder)."""
@@ -235,7 +263,31 @@ def _metadata(path: str, spark: Any) -> dict[str, Any]:
         raise StoreError(f"cannot load a TorchModel from {path} ({store.url()}): it {what}. "
                          "Give the path passed to model.save() / model.write().save(), as "
                          "this driver sees it")
-    return DefaultParamsReader.loadMetadata(path, spark)
+    try:
+        return DefaultParamsReader.loadMetadata(path, spark)
+    except Exception as exc:  # noqa: BLE001 - JSONDecodeError, Hadoop's ChecksumException, ...
+        raise StoreError(f"cannot load a TorchModel from {path}: its metadata/ cannot be read "
+                         f"as the JSON model.save() writes ({_cause(exc)}); save the model "
+                         "again") from None
+
+
+def _cause(exc: BaseException) -> str:
+    """One line saying what went wrong: a JVM error's innermost cause, else the first line."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    causes = [line for line in lines if line.startswith("Caused by:")]
+    if causes:
+        return causes[-1][len("Caused by:"):].strip()[:300]
+    return f"{type(exc).__name__}: {' '.join(lines[:2])[:300]}"
+
+
+def _saved(store: Store, name: str, path: str) -> bytes:
+    """The bytes of the saved model's file ``name``; StoreError naming it if it is gone."""
+    url = store.url(name)
+    try:
+        return store.read_bytes(url)
+    except FileNotFoundError:
+        raise StoreError(f"the saved model at {path} lacks {name} ({url}): it was not "
+                         "written completely, or changed since; save the model again") from None
 
 
 def _qualified(spark: Any, path: str) -> Store:
@@ -309,7 +361,7 @@ class _TorchModelReader(MLReader):
         m.export_error = meta.get("export_error", "")
         m.trained_on_gpu = bool(meta.get("trained_on_gpu", False))
         weights = store.url("weights.pt")
-        m._state = load_plain(store.read_bytes(weights), weights, UntrustedArtifactError,
+        m._state = load_plain(_saved(store, "weights.pt", path), weights, UntrustedArtifactError,
                               map_location="cpu")
         saved = meta.get("program")
         program = exported.read(store, saved["parameters"], architecture.is_trusted()) \
@@ -322,7 +374,7 @@ class _TorchModelReader(MLReader):
         else:
             try:
                 module = architecture.rebuild(
-                    m._arch, lambda: store.read_bytes(store.url("architecture.pkl")), path)
+                    m._arch, lambda: _saved(store, "architecture.pkl", path), path)
             except SparkDDLError as exc:
                 if not m.export_error:
                     raise
@@ -330,15 +382,27 @@ class _TorchModelReader(MLReader):
                                     f"which needs none of this, because exporting it failed: "
                                     f"{m.export_error}") from exc
             m._factory = model_factory(module)
-        m._build().load_state_dict(m._state)  # fails here, clearly, if they do not fit
+        try:
+            m._build().load_state_dict(m._state)
+        except SparkDDLError:
+            raise
+        except Exception as exc:  # RuntimeError, torch.export's SpecViolationError, ...
+            if self.model is not None:  # the caller's module: torch's own error says it all
+                raise
+            raise StoreError(f"the saved model at {path}: weights.pt does not fit its "
+                             f"architecture ({_cause(exc)}). Save the model again") from None
         m._input_columns = dict(meta.get("input_columns") or {})
         saved_transform = meta.get("transform")
         if self.transform is not None:
             m._transform_fn = self.transform
         elif saved_transform is not None:
             m._transform_fn = architecture.rebuild_function(
-                saved_transform, lambda: store.read_bytes(store.url("transform.pkl")), path)
-        m.history = json.loads(store.read_bytes(store.url("history.json")))
+                saved_transform, lambda: _saved(store, "transform.pkl", path), path)
+        try:
+            m.history = json.loads(_saved(store, "history.json", path))
+        except ValueError as exc:
+            raise StoreError(f"the saved model at {path}: history.json is not JSON ({exc}); "
+                             "save the model again") from None
         for key in ("task", "output_width", "run_id", "chosen_epoch", "best_by", "epochs_done",
                     "stopped_early"):
             setattr(m, key, meta[key])

@@ -172,6 +172,11 @@ def normalize_uri(uri: str) -> str:
     """Canonical URI of a store root; plain paths become ``file://`` absolute URIs."""
     if not uri:
         raise StoreError("store location is empty; give a path or a URI such as file:///tmp/ddl")
+    odd = sorted({c for c in "#?" if c in uri})
+    if odd:  # a URL would cut the path there and write elsewhere
+        raise StoreError(f"store location {uri!r} contains {' and '.join(map(repr, odd))}, which "
+                         "a URI reads as the start of a fragment or query, so the files would "
+                         "land elsewhere; choose a folder name without them")
     parsed = urlparse(uri)
     scheme = _ALIASES.get(parsed.scheme.lower(), parsed.scheme.lower())
     if scheme in ("", "file"):

@@ -7,6 +7,7 @@ import ctypes
 import faulthandler
 import os
 import posix
+import shutil
 import signal
 import sys
 import time
@@ -19,8 +20,9 @@ import torch
 
 import sparkddl
 from sparkddl import (CheckpointError, ConfigError, DataError, StoreError, TorchEstimator,
-                      TorchModel, TrainingFailedError, checkpoint)
+                      TorchModel, TrainingFailedError, UntrustedArtifactError, checkpoint)
 from sparkddl.store import Store
+from tests.conftest import LOCAL, spark_session
 from tests.integration.digits import digits_df, mlp
 
 
@@ -108,6 +110,87 @@ def test_transform_without_the_feature_column_names_it_and_the_columns_present(s
         model.transform(df)
     assert "no column 'pixels'" in str(info.value)
     assert "features, label" in str(info.value)
+
+
+@pytest.fixture(scope="module")
+def saved_digits_model(tmp_path_factory):
+    """A fitted digits model saved once (a folder: it outlives the session); tests damage
+    copies of it."""
+    tmp = tmp_path_factory.mktemp("saved")
+    model = estimator(tmp, epochs=1, numWorkers=1).fit(digits_df(spark_session(LOCAL)))
+    model.save(str(tmp / "model"))
+    return tmp / "model"
+
+
+def _damaged(saved, tmp_path, damage) -> str:
+    copy = tmp_path / "model"
+    shutil.copytree(saved, copy)
+    damage(copy)
+    return str(copy)
+
+
+def _other_weights(folder) -> None:
+    other = torch.nn.Sequential(torch.nn.Linear(64, 32), torch.nn.ReLU(),
+                                torch.nn.Linear(32, 10))
+    torch.save(other.state_dict(), folder / "weights.pt")
+
+
+def _metadata_not_json(folder) -> None:
+    for crc in (folder / "metadata").glob(".*.crc"):
+        crc.unlink()
+    next((folder / "metadata").glob("part-*")).write_text("{oops")
+
+
+SAVED_DAMAGE = {
+    "weights.pt deleted": (lambda d: (d / "weights.pt").unlink(),
+                           StoreError, r"lacks weights\.pt"),
+    "history.json deleted": (lambda d: (d / "history.json").unlink(),
+                             StoreError, r"lacks history\.json"),
+    "weights.pt truncated": (lambda d: (d / "weights.pt").write_bytes(
+        (d / "weights.pt").read_bytes()[:200]), UntrustedArtifactError,
+        r"weights\.pt is not readable torch\.save data"),
+    "weights of another model": (_other_weights, StoreError,
+                                 r"weights\.pt does not fit its architecture \(ValueError: weight "
+                                 r"'0\.weight' is torch\.float32 \[32, 64\]"),
+    # Hadoop's local filesystem checks the .crc beside it: an editor leaves it stale
+    "metadata edited": (lambda d: next((d / "metadata").glob("part-*")).write_text("{oops"),
+                        StoreError, r"its metadata/ cannot be read.*Checksum error"),
+    "metadata not JSON": (_metadata_not_json, StoreError,
+                          r"its metadata/ cannot be read.*JSONDecodeError"),
+}
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("case", list(SAVED_DAMAGE))
+def test_a_damaged_saved_model_is_a_store_error_naming_the_file(spark_local, saved_digits_model,
+                                                                 tmp_path, case):
+    saved = saved_digits_model
+    damage, error, pattern = SAVED_DAMAGE[case]
+    with pytest.raises(error, match=pattern):
+        TorchModel.load(_damaged(saved, tmp_path, damage))
+
+
+@pytest.mark.timeout(120)
+def test_transform_input_problems_are_named(saved_digits_model, spark_local):
+    df = digits_df(spark_local)
+    model = TorchModel.load(str(saved_digits_model))
+    strings = df.selectExpr("transform(features, x -> concat('px', x)) AS features")
+    with pytest.raises(DataError, match=r"feature column 'features' is array<string>"):
+        model.transform(strings)
+    with pytest.raises(ConfigError, match=r"inferenceBatchSize must be an integer >= 1"):
+        model.copy({model.inferenceBatchSize: 0}).transform(df)
+    with pytest.raises(ConfigError, match=r"no model to run"):
+        TorchModel().transform(df)
+    # what only the rows show is named by the executors, with the column and the fix
+    nulls = df.selectExpr("IF(label = 3, NULL, features) AS features")
+    with pytest.raises(Exception, match=r"feature column 'features' has \d+ null row"):
+        model.transform(nulls).select("prediction").collect()
+    short = df.selectExpr("slice(features, 1, 32) AS features")
+    with pytest.raises(Exception, match=r"Expected input at .*64, but got 32|"
+                                        r"has 32 value\(s\) per row; the model takes 64"):
+        model.transform(short).select("prediction").collect()
+    # the session's Python workers still predict
+    assert model.transform(df.limit(5)).select("prediction").count() == 5
 
 
 # ---- ranks that end the process: sys.exit, os._exit, fatal signals ----

@@ -93,6 +93,15 @@ def test_bytes_that_are_not_torch_save_data_are_named(tmp_path):
         load_plain(b"not a checkpoint", "/x/w.pt")
 
 
+def test_random_bytes_behind_a_forged_header_are_named_whatever_torch_raises():
+    """Random bytes make torch's safe unpickler raise many kinds of errors (seed 2 of the
+    adversarial benchmark: IndexError); every one is a CheckpointError naming the file."""
+    import random
+    for seed in range(200):
+        with pytest.raises(CheckpointError, match=rf"^/x/{seed}\.pt "):
+            load_plain(random.Random(seed).randbytes(256), f"/x/{seed}.pt")
+
+
 def test_a_resume_whose_checkpoints_are_all_broken_is_refused(tmp_path):
     store = Store.from_uri(tmp_path)
     refs = [checkpoint.save(store, "r1", e, 0, {"model": {"w": torch.ones(2)}}, keep=3)

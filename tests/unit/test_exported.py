@@ -41,6 +41,18 @@ def test_a_program_predicts_as_the_module_for_any_batch_and_takes_new_weights(tm
     assert zeroed(torch.randn(4, 6)).abs().sum().item() == 0.0  # the weights given are used
 
 
+def test_weights_of_another_model_are_refused_even_where_the_operations_would_run(tmp_path):
+    """A wider MLP's weights chain fine through the same linear operations (torch would run
+    them); the program's own weight shapes refuse them."""
+    store, program = _saved(tmp_path, _net())
+    other = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.BatchNorm1d(16),
+                                torch.nn.ReLU(), torch.nn.Linear(16, 3)).eval().state_dict()
+    with pytest.raises(ValueError, match=r"weight '0\.weight' is torch\.float32 \[16, 6\], but "
+                                         r"the program in .*program\.json takes torch\.float32 "
+                                         r"\[8, 6\]: the weights belong to another model"):
+        exported.load(exported.read(store, program.parameters), other)
+
+
 def test_several_inputs_and_declared_shapes():
     class Two(torch.nn.Module):
         def __init__(self):

@@ -141,3 +141,10 @@ def test_unwritable_store_is_reported(tmp_path):
     blocker.write_text("not a directory")
     with pytest.raises(StoreError, match=r"store file://.*/a-file/store is not writable"):
         Store.from_uri(blocker / "store").check_writable()
+
+
+@pytest.mark.parametrize("name", ["run#1", "run?x=1"])
+def test_a_store_path_a_uri_would_cut_is_refused_before_anything_is_written(tmp_path, name):
+    with pytest.raises(StoreError, match=r"contains '[#?]'.*choose a folder name without"):
+        Store.from_uri(str(tmp_path / name / "store"))
+    assert list(tmp_path.iterdir()) == []

@@ -57,3 +57,21 @@ def test_on_cuda_the_predictions_match_the_cpu():
     on_gpu = _predict(net.to("cuda:0"), "cuda:0")
     assert on_gpu["prediction"].tolist() == on_cpu["prediction"].tolist()
     assert np.allclose(np.stack(on_gpu["raw"]), np.stack(on_cpu["raw"]), atol=1e-5)
+
+
+def test_feature_rows_that_cannot_feed_the_model_are_named_with_the_fix():
+    from sparkddl.portable import column
+    rows = pd.Series([np.ones(4), None, np.ones(4)], name="pixels")
+    with pytest.raises(ValueError,
+                       match=r"'pixels' has 1 null row.*na\.drop\(subset=\['pixels'\]\)"):
+        column(rows, None)
+    ragged = pd.Series([np.ones(4), np.ones(3)], name="pixels")
+    with pytest.raises(ValueError,
+                       match=r"'pixels' holds rows of different shapes \(\(3,\), \(4,\)\)"):
+        column(ragged, None)
+    short = pd.Series([np.ones(32), np.ones(32)], name="pixels")
+    with pytest.raises(ValueError, match=r"'pixels' has 32 value\(s\) per row; the model "
+                                         r"takes 64 \(shape \[8, 8\]\)"):
+        column(short, [8, 8])
+    assert column(pd.Series([np.ones(64)] * 2, name="pixels"), [8, 8]).shape == (2, 8, 8)
+    assert column(pd.Series([1.0, float("nan")], name="x"), None).shape == (2,)  # NaN predicts NaN

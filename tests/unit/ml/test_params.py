@@ -68,6 +68,13 @@ def test_time_limits_must_be_positive_seconds_or_unset():
     _estimator(timeout=None, watchdogTimeout=2.5).train_config().validate()
 
 
+def test_options_of_the_wrong_kind_are_config_errors_naming_what_was_given():
+    with pytest.raises(ConfigError, match=r"strategyOptions must be a dict .*got list \['a'\]"):
+        _estimator(strategyOptions=["a"]).train_config()
+    with pytest.raises(ConfigError, match=r"metrics must be a metric name.*got int 42"):
+        _estimator(metrics=42).train_config()
+
+
 def test_the_generated_params_module_is_current():
     """sparkddl/ml/_params.py is written from TrainConfig; an option added there without
     regenerating (`python -m sparkddl.ml.params`) fails here."""

@@ -120,6 +120,17 @@ def test_callbacks_need_a_hook_and_their_errors_do_not_stop_training():
     assert Callbacks(Stop()).epoch_end({"epoch": 2}) is True
 
 
+def test_a_callback_that_fails_the_fit_raises_its_own_error_naming_it():
+    class Gate:
+        def on_fit_start(self, estimator):
+            raise RuntimeError("refused to start")
+
+    with pytest.raises(RuntimeError, match="refused to start") as info:
+        Callbacks([Gate()]).fit_start(None)
+    assert info.value.__notes__ == [
+        "(raised by callback Gate.on_fit_start, which sparkddl ran on the driver)"]
+
+
 @needs_gpu
 @pytest.mark.timeout(60)
 def test_fp16_mixed_on_cuda_scales_the_loss_and_steps_in_float32():
