@@ -902,7 +902,8 @@ def _store_odd(ctx: Ctx) -> tuple[Action, str | None]:
 
 @case("store", "store path with '#' and '?'")
 def _store_hash(ctx: Ctx) -> tuple[Action, str | None]:
-    return ctx.fit(store=str(ctx.path("run#1?x=2"))), OK
+    """Refused: as a URI the path would be cut at '#' and the files written elsewhere."""
+    return ctx.fit(store=str(ctx.path("run#1?x=2"))), "contains '#' and '?'"
 
 
 @case("store", "store in memory:// (executors cannot reach it)")
@@ -1240,6 +1241,7 @@ def classify(exc: BaseException | None, expected: str | None) -> tuple[str, str,
     if expected is OK:
         return outcome, kind, "no"
     text = (essence(str(exc)) if kind == "raw" else str(exc)).lower()
+    text += " ".join(getattr(exc, "__notes__", ())).lower()  # e.g. the callback that raised
     clear = any(s.strip().lower() in text for s in expected.split("|"))
     return outcome, kind, "yes" if clear else "no"
 

@@ -366,6 +366,11 @@ class _TorchModelReader(MLReader):
         saved = meta.get("program")
         program = exported.read(store, saved["parameters"], architecture.is_trusted()) \
             if saved and self.model is None else None
+        if saved and self.model is None and program is None:
+            raise StoreError(f"the saved model at {path} lacks {exported.GRAPH_FILE}, which it "
+                             "was saved with: it was not written completely, or changed since. "
+                             "Save the model again, or pass model=MyNet() to TorchModel.load to "
+                             "load the weights into your class")
         if self.model is not None:
             m._factory = model_factory(self.model)
             m._arch = architecture.describe(m._factory)

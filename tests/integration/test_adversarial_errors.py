@@ -144,6 +144,8 @@ def _metadata_not_json(folder) -> None:
 SAVED_DAMAGE = {
     "weights.pt deleted": (lambda d: (d / "weights.pt").unlink(),
                            StoreError, r"lacks weights\.pt"),
+    "program.json deleted": (lambda d: (d / "program.json").unlink(),
+                             StoreError, r"lacks program\.json, which it was saved with"),
     "history.json deleted": (lambda d: (d / "history.json").unlink(),
                              StoreError, r"lacks history\.json"),
     "weights.pt truncated": (lambda d: (d / "weights.pt").write_bytes(
