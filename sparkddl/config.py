@@ -96,11 +96,13 @@ def option(default: Any, doc: str, *, param: str | None, convert: str | None = N
     return field(default=default, metadata=meta)
 
 
-@dataclass
+@dataclass(frozen=True, kw_only=True)
 class TrainConfig:
     """Everything a fit needs besides the model, optimizer and loss objects: the one schema
     from which the Params of TorchEstimator/TorchModel, the preset's [data] and [train] keys,
-    and their defaults and docs are derived (see ``option``)."""
+    and their defaults and docs are derived (see ``option``). Checked when made: a config
+    that exists is a valid one (a ConfigError names the option otherwise); changed only by
+    :meth:`replace`, which checks again."""
 
     features: tuple[str, ...] = option(
         ("features",), "feature column, or a list of them; each a Vector, a fixed-length "
@@ -247,7 +249,12 @@ class TrainConfig:
                 out[f.name] = normalize(values[f.name]) if normalize else values[f.name]
         return cls(**out)
 
+    def __post_init__(self) -> None:
+        self.validate()
+
     def validate(self) -> "TrainConfig":
+        """Raise a ConfigError naming the first option out of range; else ``self``. Runs when
+        the config is made; calling it again is harmless."""
         _positive_int("epochs", self.epochs)
         _positive_int("batch_size", self.batch_size)
         _positive_int("num_workers", self.num_workers)

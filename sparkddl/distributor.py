@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from sparkddl.errors import ClusterError, ConfigError
 from sparkddl.launch import preflight
-from sparkddl.launch.connect import cluster_context
+from sparkddl.session import cluster_context
 from sparkddl.launch.local import run_local
 from sparkddl.launch.runner import run, spark_session
 from sparkddl.task.script import script

@@ -70,6 +70,17 @@ class RankFailure:
     traceback: str = ""
     host: str = ""
     status: dict[str, Any] = field(default_factory=dict)  # where the rank was, if it said
+    # what the rank's own report says of its exception ("" where only text is known: a
+    # process that died, Spark's error text): the class, module-qualified, and where it was
+    # raised (file name and function)
+    exception: str = ""
+    location: str = ""
+
+    def raised(self, kind: type[BaseException]) -> bool:
+        """Whether the rank failed with ``kind`` (or a subclass reported by its name)."""
+        if self.exception:
+            return self.exception == f"{kind.__module__}.{kind.__qualname__}"
+        return self.message.startswith(f"{kind.__name__}:")
 
 
 class TrainingFailedError(SparkDDLError):

@@ -8,7 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from sparkddl import spark_settings
-from sparkddl.launch.connect import is_connect
+from sparkddl.session import is_connect
 from sparkddl.launch.inputs import prepare_data
 from sparkddl.errors import ConfigError, StoreError
 from sparkddl.preset import JobConfig, redacted

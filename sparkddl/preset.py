@@ -98,7 +98,7 @@ class JobConfig:
 
     def train_config(self) -> TrainConfig:
         values = {**dataclasses.asdict(self.data), **dataclasses.asdict(self.train)}
-        return TrainConfig.from_values(values).validate()
+        return TrainConfig.from_values(values)
 
 
 _SECRET = re.compile(r"secret|password|passwd|token|credential|access.?key|private|auth",

@@ -80,6 +80,8 @@ class Error(Body):
     traceback: str = ""
     host: str = ""
     status: dict[str, Any] = field(default_factory=dict)  # where the rank was
+    exception: str = ""  # the exception's class, module-qualified
+    location: str = ""  # where it was raised: file name and function
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,7 @@ from sparkddl.launch import preflight
 from sparkddl.launch.bounded import bounded_jobs
 from sparkddl.launch.callbacks import Callbacks
 from sparkddl.launch.checks import ProblemInfo
-from sparkddl.launch.connect import cluster_context
+from sparkddl.session import cluster_context
 from sparkddl.launch.elastic import check_elastic, resized
 from sparkddl.launch.evaluation import EvaluationResult, SnapshotEvaluator
 from sparkddl.launch.inputs import check_best_by_early, fit_inputs, shard_plan
@@ -113,7 +113,6 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
         callbacks: Callbacks | None = None) -> FitResult:
     """``callbacks`` run on the driver (on_fit_start and on_fit_end are the caller's)."""
     started = time.perf_counter()
-    config.validate()
     check_best_by_early(config)
     check_elastic(config)
     sc = cluster_context(spark)
@@ -131,7 +130,7 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
                      optimizer=inputs.optimizer, loss=inputs.loss,
                      metrics=per_batch(inputs.metrics),
                      plan=plan, store_root=store.root, scheduler=inputs.scheduler,
-                     step_fn=inputs.step_fn)
+                     step_fn=inputs.step_fn, strategies=strategies.registered())
     evaluator = SnapshotEvaluator(inputs.factory, inputs.step_fn, inputs.metrics, data.val,
                                   inputs.best_by, best_mode(inputs.best_by, config.best_mode),
                                   config.early_stopping_patience, store, run_id,

@@ -8,6 +8,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from sparkddl.session import is_connect
+
 # how Spark words a cancelled job (classic) or an interrupted operation (Connect)
 _CANCEL_MARKERS = ("SPARK_JOB_CANCELLED", "OPERATION_CANCELED", "cancelled part of",
                    "cancellation of all jobs", "cancelled because", "was cancelled",
@@ -35,7 +37,7 @@ class CallerScope:
     @classmethod
     def capture(cls, sc: Any) -> "CallerScope":
         """Call in the caller's thread."""
-        if getattr(sc, "is_connect", False):
+        if is_connect(sc):
             return cls((), frozenset(sc.getJobTags()))
         group = tuple(sc.getLocalProperty(k) for k in _GROUP_KEYS)
         return cls(group, frozenset(sc.getJobTags()))
@@ -43,7 +45,7 @@ class CallerScope:
     def enter(self, sc: Any, tag: str, description: str) -> None:
         """In the stage's thread: the caller's group (or a description of our own) and tags,
         plus ``tag``, which sparkddl cancels by."""
-        if not getattr(sc, "is_connect", False):
+        if not is_connect(sc):
             group_id = self.group[0] if self.group else None
             if group_id:
                 sc.setJobGroup(group_id, self.group[1] or description, interruptOnCancel=True)

@@ -167,7 +167,8 @@ class StageMonitor:
         with self._lock:
             self.failures[msg.rank] = RankFailure(
                 rank=msg.rank, message=body.message, traceback=body.traceback,
-                host=body.host, status=dict(body.status or {}))
+                host=body.host, status=dict(body.status or {}), exception=body.exception,
+                location=body.location)
         self.wake.set()
 
     def _last_words(self, msg: Message, body: m.LastWords) -> None:
@@ -343,18 +344,6 @@ def failures_from_spark_error(text: str) -> list[RankFailure]:
         tb = re.split(r"\n\s+at |\n\tat ", tb, maxsplit=1)[0].strip()
     message = tb.strip().splitlines()[-1] if tb.strip() else _first_reason(text)
     return [RankFailure(rank=rank, message=message, traceback=tb)]
-
-
-def missing_module(text: str) -> str | None:
-    """The module an executor's Python could not import, from Spark's error text."""
-    found = re.search(r"No module named '([\w.]+)'", text)
-    return found.group(1) if found else None
-
-
-def missing_module_reason(module: str) -> str:
-    return (f"the executors' Python cannot import {module!r}: install sparkddl with its "
-            "dependencies (torch, pyarrow, pandas) in the Python the executors run "
-            "(PYSPARK_PYTHON, or the cluster's libraries on Databricks)")
 
 
 DIED_SILENTLY = ("its connection to the driver closed without a report: its Python worker "

@@ -7,13 +7,13 @@ turn each case into a clear error while nothing is running yet.
 from __future__ import annotations
 
 import logging
-import os
-import re
 import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 from sparkddl.errors import ClusterError, ConfigError
+from sparkddl.session import is_connect
+from sparkddl.session.masters import local_cluster, master_slots
 
 log = logging.getLogger(__name__)
 
@@ -134,12 +134,6 @@ def executor_cores(sc: Any) -> int | None:
     return sc.defaultParallelism // executors if executors > 0 else None
 
 
-def local_cluster(master: str) -> tuple[int, int] | None:
-    """(executors, cores each) of a ``local-cluster[N, C, MiB]`` master, else None."""
-    found = re.fullmatch(r"local-cluster\[\s*(\d+)\s*,\s*(\d+)\s*,.*\]", master)
-    return (int(found.group(1)), int(found.group(2))) if found else None
-
-
 _PROFILES: dict[tuple[str, int], Any] = {}  # by application: a new SparkContext, new ones
 
 
@@ -170,7 +164,7 @@ def task_slots(sc: Any, profile: Any = None) -> int:
 
 def available_workers(sc: Any, wanted: int | None = None, profile: Any = None) -> int:
     """Every task slot (or ``wanted``, if fewer); a ClusterError when there is none yet."""
-    if _is_connect(sc):
+    if is_connect(sc):
         slots = master_slots(sc.master)
         if slots is None:
             raise ClusterError(f"on Spark Connect the client cannot count the task slots of "
@@ -205,7 +199,7 @@ def check_slots(sc: Any, num_workers: int, wait_s: float = EXECUTOR_WAIT_S,
     Executors may still be registering: wait up to ``wait_s`` for more slots, but not once
     every executor the application will have (``local-cluster[N,..]``,
     ``spark.executor.instances``) has registered."""
-    if _is_connect(sc):  # what the master's name tells, if anything
+    if is_connect(sc):  # what the master's name tells, if anything
         slots = master_slots(sc.master)
         if slots is not None and slots < num_workers:
             raise ClusterError(f"num_workers={num_workers} but the cluster has {slots} task "
@@ -239,32 +233,15 @@ def cluster_gpu_stage(sc: Any, use_gpu: bool) -> GpuStage | None:
 def stage_profile(sc: Any, use_gpu: bool) -> Any:
     """The resource profile the training stage is launched with (None: the default; always
     on Spark Connect, whose DataFrame stages take the session's task resources)."""
-    if _is_connect(sc):
+    if is_connect(sc):
         return None
     return training_profile(sc, cluster_gpu_stage(sc, use_gpu))
-
-
-def master_slots(master: str) -> int | None:
-    """Task slots a local master has by its name (local[N], local[*], local-cluster)."""
-    shape = local_cluster(master)
-    if shape:
-        return shape[0] * shape[1]
-    if master == "local":
-        return 1
-    found = re.fullmatch(r"local\[(\d+|\*)(?:\s*,\s*\d+)?\]", master)
-    if not found:
-        return None
-    return (os.cpu_count() or 1) if found.group(1) == "*" else int(found.group(1))
-
-
-def _is_connect(sc: Any) -> bool:
-    return getattr(sc, "is_connect", False)
 
 
 def check_cluster(sc: Any, num_workers: int, use_gpu: bool) -> None:
     """Every check that needs the cluster; says in one line how the ranks get GPUs."""
     check_dynamic_allocation(dict(sc.getConf().getAll()), sc.master)
-    if _is_connect(sc):  # what the session's conf and master's name tell
+    if is_connect(sc):  # what the session's conf and master's name tell
         check_gpu_conf(dict(sc.getConf().getAll()), use_gpu)
         slots = master_slots(sc.master)
         if slots is not None and slots < num_workers:

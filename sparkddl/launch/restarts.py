@@ -111,7 +111,7 @@ def will_repeat(exc: TrainingFailedError, num_workers: int) -> bool:
         return False
     if any(int(f.status.get("steps") or 0) > 0 for f in failures):
         return False
-    return len({f.message for f in failures}) == 1
+    return len({signature(f) for f in failures}) == 1  # ranks and hosts masked
 
 
 _MASKS = (
@@ -136,8 +136,11 @@ def signature(failure: RankFailure) -> str:
     (file name and function) and its message, with addresses, paths, ids and numbers
     masked (they differ from rank to rank and attempt to attempt)."""
     kind, _, message = failure.message.partition(":")
-    places = _LOCATION.findall(failure.traceback)
-    where = f"{places[-1][0].rsplit('/', 1)[-1]}:{places[-1][2]}" if places else "?"
+    if failure.exception:  # the rank's own report: its class and where it was raised
+        kind, where = failure.exception, failure.location or "?"
+    else:  # only text (a process that died, Spark's error): read from it
+        places = _LOCATION.findall(failure.traceback)
+        where = f"{places[-1][0].rsplit('/', 1)[-1]}:{places[-1][2]}" if places else "?"
     text = message.strip()
     for pattern, mask in _MASKS:
         text = pattern.sub(mask, text)
@@ -150,11 +153,11 @@ def again_text(exc: TrainingFailedError) -> str:
 
 
 def _transform_failed(exc: TrainingFailedError) -> bool:
-    return any(f.message.startswith(TransformError.__name__) for f in exc.failures)
+    return any(f.raised(TransformError) for f in exc.failures)
 
 
 def _non_finite(exc: TrainingFailedError) -> bool:
-    return any(f.message.startswith(NonFiniteLossError.__name__) for f in exc.failures)
+    return any(f.raised(NonFiniteLossError) for f in exc.failures)
 
 
 def record_restart(attempt: int, exc: TrainingFailedError, store: Store, run_id: str,

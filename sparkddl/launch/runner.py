@@ -8,7 +8,7 @@ from typing import Any, Callable
 from sparkddl.config import optional_positive_int, positive_seconds
 from sparkddl.errors import ConfigError
 from sparkddl.launch import preflight
-from sparkddl.launch.connect import cluster_context
+from sparkddl.session import cluster_context
 from sparkddl.launch.launcher import launch_ranks, new_run_id
 from sparkddl.task.script import Script, script
 

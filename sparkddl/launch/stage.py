@@ -11,10 +11,10 @@ from typing import Any, Callable
 
 from sparkddl.channel.server import DriverChannel, Message
 from sparkddl.errors import JobCancelledError, TrainingFailedError
-from sparkddl.launch.connect import channel_host
 from sparkddl.launch.jobs import CallerScope, is_cancellation, new_tag
-from sparkddl.launch.monitor import (HEARTBEAT_LOST_S, Handlers, StageMonitor, missing_module,
-                                     missing_module_reason, ordered_failures)
+from sparkddl.launch.monitor import HEARTBEAT_LOST_S, Handlers, StageMonitor, ordered_failures
+from sparkddl.session import channel_host, is_connect
+from sparkddl.session.masters import missing_module, missing_module_reason
 from sparkddl.task.bootstrap import barrier_entry
 from sparkddl.task.spec import TaskSpec
 
@@ -74,7 +74,7 @@ class _Job(threading.Thread):
 
     def _collect(self, entry: Any) -> list[bytes]:
         n = self.spec.num_workers
-        if getattr(self.sc, "is_connect", False):  # Spark Connect: the DataFrame API
+        if is_connect(self.sc):  # Spark Connect: the DataFrame API
             return self.sc.run_barrier(entry, n)
         rdd = self.sc.parallelize(range(n), n)
         if self.profile is not None:  # this stage alone asks for GPUs
@@ -93,7 +93,7 @@ def run_stage(sc: Any, make_spec: SpecFactory, timeout_s: float | None = None,
     stage is cancelled first so no rank is left blocked in a collective.
     """
     monitor = StageMonitor(handlers)
-    connect = getattr(sc, "is_connect", False)
+    connect = is_connect(sc)
     if connect:  # the client's own address: the server's driver host is not this process
         host, bind = channel_host(sc.spark)
     else:

@@ -3,7 +3,7 @@ sparkddl/ml/params.py; do not edit (tests/unit/ml/test_params.py checks it is cu
 # flake8: noqa
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark import keyword_only
 from pyspark.ml import Estimator
@@ -11,35 +11,38 @@ from pyspark.ml.param import Param, Params, TypeConverters
 
 from sparkddl.ml import params as _p
 
+if TYPE_CHECKING:  # annotations only (Python 3.10 has no typing.Self)
+    from typing_extensions import Self
+
 
 class HasTorchModelParams(Params):
     """Params shared by the estimator and the model it produces."""
 
-    featuresCol: Param = Param(
+    featuresCol: Param[str | list[str]] = Param(
         Params._dummy(), 'featuresCol',
         'feature column, or a list of them; each a Vector, a fixed-length numeric array or a numeric column (several columns are passed to the model as several inputs)',
         typeConverter=_p.features)
-    featureShapes: Param = Param(
+    featureShapes: Param[dict[str, list[int]]] = Param(
         Params._dummy(), 'featureShapes',
         "optional per-feature-column shape, e.g. {'features': [1, 8, 8]}",
         typeConverter=TypeConverters.identity)
-    predictionCol: Param = Param(
+    predictionCol: Param[str] = Param(
         Params._dummy(), 'predictionCol',
         'prediction column name',
         typeConverter=TypeConverters.toString)
-    probabilityCol: Param = Param(
+    probabilityCol: Param[str] = Param(
         Params._dummy(), 'probabilityCol',
         'class probabilities column (classifiers)',
         typeConverter=TypeConverters.toString)
-    rawPredictionCol: Param = Param(
+    rawPredictionCol: Param[str] = Param(
         Params._dummy(), 'rawPredictionCol',
         'raw model output column (classifiers)',
         typeConverter=TypeConverters.toString)
-    inferenceBatchSize: Param = Param(
+    inferenceBatchSize: Param[int] = Param(
         Params._dummy(), 'inferenceBatchSize',
         'rows per forward pass in transform',
         typeConverter=TypeConverters.toInt)
-    inferenceDevice: Param = Param(
+    inferenceDevice: Param[str] = Param(
         Params._dummy(), 'inferenceDevice',
         "device for transform's forward passes: auto (CUDA where the model was trained with useGpu and the executor has a GPU), cpu or cuda",
         typeConverter=TypeConverters.toString)
@@ -50,59 +53,59 @@ class HasTorchModelParams(Params):
                 probabilityCol='probability', rawPredictionCol='rawPrediction',
                 inferenceBatchSize=1024, inferenceDevice='auto')
 
-    def setFeaturesCol(self, value: Any) -> Any:
+    def setFeaturesCol(self, value: str | list[str]) -> Self:
         """Sets featuresCol: feature column, or a list of them; each a Vector, a fixed-length numeric array or a numeric column (several columns are passed to the model as several inputs)"""
         return self._set(featuresCol=value)
 
-    def getFeaturesCol(self) -> Any:
+    def getFeaturesCol(self) -> str | list[str]:
         """featuresCol: feature column, or a list of them; each a Vector, a fixed-length numeric array or a numeric column (several columns are passed to the model as several inputs)"""
         return self.getOrDefault(self.featuresCol)
 
-    def setFeatureShapes(self, value: Any) -> Any:
+    def setFeatureShapes(self, value: dict[str, list[int]]) -> Self:
         """Sets featureShapes: optional per-feature-column shape, e.g. {'features': [1, 8, 8]}"""
         return self._set(featureShapes=value)
 
-    def getFeatureShapes(self) -> Any:
+    def getFeatureShapes(self) -> dict[str, list[int]]:
         """featureShapes: optional per-feature-column shape, e.g. {'features': [1, 8, 8]}"""
         return self.getOrDefault(self.featureShapes)
 
-    def setPredictionCol(self, value: Any) -> Any:
+    def setPredictionCol(self, value: str) -> Self:
         """Sets predictionCol: prediction column name"""
         return self._set(predictionCol=value)
 
-    def getPredictionCol(self) -> Any:
+    def getPredictionCol(self) -> str:
         """predictionCol: prediction column name"""
         return self.getOrDefault(self.predictionCol)
 
-    def setProbabilityCol(self, value: Any) -> Any:
+    def setProbabilityCol(self, value: str) -> Self:
         """Sets probabilityCol: class probabilities column (classifiers)"""
         return self._set(probabilityCol=value)
 
-    def getProbabilityCol(self) -> Any:
+    def getProbabilityCol(self) -> str:
         """probabilityCol: class probabilities column (classifiers)"""
         return self.getOrDefault(self.probabilityCol)
 
-    def setRawPredictionCol(self, value: Any) -> Any:
+    def setRawPredictionCol(self, value: str) -> Self:
         """Sets rawPredictionCol: raw model output column (classifiers)"""
         return self._set(rawPredictionCol=value)
 
-    def getRawPredictionCol(self) -> Any:
+    def getRawPredictionCol(self) -> str:
         """rawPredictionCol: raw model output column (classifiers)"""
         return self.getOrDefault(self.rawPredictionCol)
 
-    def setInferenceBatchSize(self, value: Any) -> Any:
+    def setInferenceBatchSize(self, value: int) -> Self:
         """Sets inferenceBatchSize: rows per forward pass in transform"""
         return self._set(inferenceBatchSize=value)
 
-    def getInferenceBatchSize(self) -> Any:
+    def getInferenceBatchSize(self) -> int:
         """inferenceBatchSize: rows per forward pass in transform"""
         return self.getOrDefault(self.inferenceBatchSize)
 
-    def setInferenceDevice(self, value: Any) -> Any:
+    def setInferenceDevice(self, value: str) -> Self:
         """Sets inferenceDevice: device for transform's forward passes: auto (CUDA where the model was trained with useGpu and the executor has a GPU), cpu or cuda"""
         return self._set(inferenceDevice=value)
 
-    def getInferenceDevice(self) -> Any:
+    def getInferenceDevice(self) -> str:
         """inferenceDevice: device for transform's forward passes: auto (CUDA where the model was trained with useGpu and the executor has a GPU), cpu or cuda"""
         return self.getOrDefault(self.inferenceDevice)
 
@@ -110,191 +113,191 @@ class HasTorchModelParams(Params):
 class HasTorchEstimatorParams(HasTorchModelParams):
     """Params of the estimator only: the training options."""
 
-    model: Param = Param(
+    model: Param[Any] = Param(
         Params._dummy(), 'model',
         'torch.nn.Module, zero-argument factory returning one, or a name (mlp, cnn, package.module:factory)',
         typeConverter=TypeConverters.identity)
-    optimizer: Param = Param(
+    optimizer: Param[Any] = Param(
         Params._dummy(), 'optimizer',
         "factory taking the model's parameters, a torch optimizer instance (rebuilt on the workers with all its settings) or a name",
         typeConverter=TypeConverters.identity)
-    loss: Param = Param(
+    loss: Param[Any] = Param(
         Params._dummy(), 'loss',
         'loss module, callable (output, label) -> scalar, or a name (cross_entropy, mse, bce_with_logits, ...)',
         typeConverter=TypeConverters.identity)
-    callbacks: Param = Param(
+    callbacks: Param[Any] = Param(
         Params._dummy(), 'callbacks',
         'objects with any of on_fit_start(estimator), on_epoch_end(row) -> bool (True stops training), on_snapshot(epoch, state_dict), on_fit_end(model), on_restart(restart); they run on the driver',
         typeConverter=TypeConverters.identity)
-    mlflow: Param = Param(
+    mlflow: Param[Any] = Param(
         Params._dummy(), 'mlflow',
         'log params, per-epoch metrics, restarts and the model to MLflow from the driver: None logs when an MLflow run is active, True also starts a run when none is, False turns it off',
         typeConverter=TypeConverters.identity)
-    labelCol: Param = Param(
+    labelCol: Param[str | list[str]] = Param(
         Params._dummy(), 'labelCol',
         'label column name, or a list of them (the model then returns one output per label; the loss is summed over the pairs)',
         typeConverter=_p.labels)
-    sampleWeightCol: Param = Param(
+    sampleWeightCol: Param[str | None] = Param(
         Params._dummy(), 'sampleWeightCol',
         'column of per-row weights: the loss is sum(w * loss_i) / sum(w)',
         typeConverter=TypeConverters.identity)
-    epochs: Param = Param(
+    epochs: Param[int] = Param(
         Params._dummy(), 'epochs',
         'passes over the training data',
         typeConverter=TypeConverters.toInt)
-    batchSize: Param = Param(
+    batchSize: Param[int] = Param(
         Params._dummy(), 'batchSize',
         'rows per step on each worker (global batch = batchSize x numWorkers)',
         typeConverter=TypeConverters.toInt)
-    numWorkers: Param = Param(
+    numWorkers: Param[int] = Param(
         Params._dummy(), 'numWorkers',
         'ranks (barrier tasks) to train with',
         typeConverter=TypeConverters.toInt)
-    validation: Param = Param(
+    validation: Param[float | str | None] = Param(
         Params._dummy(), 'validation',
         'fraction of rows held out for validation, or the name of a boolean/0-1 column marking them; None: no validation',
         typeConverter=TypeConverters.identity)
-    store: Param = Param(
+    store: Param[str] = Param(
         Params._dummy(), 'store',
         'where data and run artifacts go (path, file://, /Volumes/..., hdfs://, s3://, dbfs:/, gs://, abfss:// or another fsspec filesystem)',
         typeConverter=TypeConverters.toString)
-    seed: Param = Param(
+    seed: Param[int] = Param(
         Params._dummy(), 'seed',
         'seed for initialization, data order and the validation split',
         typeConverter=TypeConverters.toInt)
-    snapshotEvery: Param = Param(
+    snapshotEvery: Param[int] = Param(
         Params._dummy(), 'snapshotEvery',
         'hand a model snapshot to the driver every N epochs',
         typeConverter=TypeConverters.toInt)
-    bestBy: Param = Param(
+    bestBy: Param[str | None] = Param(
         Params._dummy(), 'bestBy',
         'metric choosing the best snapshot (val_loss, val_accuracy, train_loss, ...); default val_loss, or train_loss without validation',
         typeConverter=TypeConverters.identity)
-    bestByMode: Param = Param(
+    bestByMode: Param[str] = Param(
         Params._dummy(), 'bestByMode',
         'min or max: whether a lower or a higher bestBy is better; auto: min for losses and errors, max otherwise',
         typeConverter=TypeConverters.toString)
-    earlyStoppingPatience: Param = Param(
+    earlyStoppingPatience: Param[int] = Param(
         Params._dummy(), 'earlyStoppingPatience',
         'stop after this many evaluated snapshots without improvement of bestBy; 0 = never',
         typeConverter=TypeConverters.toInt)
-    finalWeights: Param = Param(
+    finalWeights: Param[str] = Param(
         Params._dummy(), 'finalWeights',
         'weights of the returned model: best or last',
         typeConverter=TypeConverters.toString)
-    learningRate: Param = Param(
+    learningRate: Param[float | None] = Param(
         Params._dummy(), 'learningRate',
         "if set, overrides the optimizer's learning rate",
         typeConverter=TypeConverters.identity)
-    metrics: Param = Param(
+    metrics: Param[Any] = Param(
         Params._dummy(), 'metrics',
         'metric names: means over rows (accuracy, mse, mae), exact ones over the whole validation set from torchmetrics (f1, precision, recall, auroc, average_precision, specificity, mcc, cohen_kappa; r2, pearson, spearman, explained_variance, mape; f1_micro etc. choose the average, macro by default), or callables; default: accuracy for classifiers',
         typeConverter=TypeConverters.identity)
-    shuffleBufferSize: Param = Param(
+    shuffleBufferSize: Param[int] = Param(
         Params._dummy(), 'shuffleBufferSize',
         "rows in each worker's shuffle buffer",
         typeConverter=TypeConverters.toInt)
-    readerWorkers: Param = Param(
+    readerWorkers: Param[int] = Param(
         Params._dummy(), 'readerWorkers',
         'threads reading Parquet ahead on each worker',
         typeConverter=TypeConverters.toInt)
-    readerPool: Param = Param(
+    readerPool: Param[str] = Param(
         Params._dummy(), 'readerPool',
         'how each worker reads ahead: thread (readerWorkers threads) or dummy (inline, no threads)',
         typeConverter=TypeConverters.toString)
-    reader: Param = Param(
+    reader: Param[str] = Param(
         Params._dummy(), 'reader',
         'Parquet reader: auto (Petastorm where it loads, else Arrow), petastorm or arrow',
         typeConverter=TypeConverters.toString)
-    useGpu: Param = Param(
+    useGpu: Param[bool] = Param(
         Params._dummy(), 'useGpu',
         'train on the GPUs Spark assigns to the tasks',
         typeConverter=TypeConverters.toBoolean)
-    timeout: Param = Param(
+    timeout: Param[float | None] = Param(
         Params._dummy(), 'timeout',
         'wall-clock limit of the whole fit in seconds, all attempts together (None: no limit)',
         typeConverter=TypeConverters.identity)
-    lrScheduler: Param = Param(
+    lrScheduler: Param[Any] = Param(
         Params._dummy(), 'lrScheduler',
         'learning-rate schedule: a factory optimizer -> torch LR scheduler, or a name (step, multistep, exponential, cosine, linear, onecycle, constant) with lrSchedulerOptions',
         typeConverter=TypeConverters.identity)
-    lrSchedulerOptions: Param = Param(
+    lrSchedulerOptions: Param[dict[str, Any]] = Param(
         Params._dummy(), 'lrSchedulerOptions',
         "keyword arguments of the named scheduler (e.g. {'step_size': 5, 'gamma': 0.5}); cosine and onecycle default to the whole fit's length",
         typeConverter=TypeConverters.identity)
-    lrSchedulerInterval: Param = Param(
+    lrSchedulerInterval: Param[str] = Param(
         Params._dummy(), 'lrSchedulerInterval',
         'step the schedule every epoch or every optimizer step',
         typeConverter=TypeConverters.toString)
-    precision: Param = Param(
+    precision: Param[str] = Param(
         Params._dummy(), 'precision',
         '32, bf16-mixed (autocast to bfloat16, CPU and GPU) or 16-mixed (float16 autocast with loss scaling, GPU only); weights and optimizer state stay float32',
         typeConverter=TypeConverters.toString)
-    backwardPassesPerStep: Param = Param(
+    backwardPassesPerStep: Param[int] = Param(
         Params._dummy(), 'backwardPassesPerStep',
         'micro-batches whose gradients are accumulated per optimizer step (no communication on the first k-1)',
         typeConverter=TypeConverters.toInt)
-    gradientClipNorm: Param = Param(
+    gradientClipNorm: Param[float | None] = Param(
         Params._dummy(), 'gradientClipNorm',
         'clip the synchronized gradients to this total L2 norm',
         typeConverter=TypeConverters.identity)
-    gradientClipValue: Param = Param(
+    gradientClipValue: Param[float | None] = Param(
         Params._dummy(), 'gradientClipValue',
         'clamp each synchronized gradient element to [-v, v]',
         typeConverter=TypeConverters.identity)
-    transformFn: Param = Param(
+    transformFn: Param[Any] = Param(
         Params._dummy(), 'transformFn',
         "fn(batch) -> dict of tensors, run on every batch before the model sees it (on the ranks, in the reader's threads; on the driver; in TorchModel.transform): batch maps each column to a numpy array, object arrays of bytes/str for binary/string columns and a list of arrays for variable-length ones; what it does not return passes through. A preset names it as 'package.module:function'",
         typeConverter=TypeConverters.identity)
-    trainStep: Param = Param(
+    trainStep: Param[Any] = Param(
         Params._dummy(), 'trainStep',
         'fn(model, batch) -> scalar loss, replacing model(*features) and loss(output, label); batch is the dict column -> tensor; also computes val_loss',
         typeConverter=TypeConverters.identity)
-    onNonFiniteLoss: Param = Param(
+    onNonFiniteLoss: Param[str] = Param(
         Params._dummy(), 'onNonFiniteLoss',
         'a NaN/inf loss: raise (stop the fit naming epoch, step and rank) or skip_batch (every rank skips that step)',
         typeConverter=TypeConverters.toString)
-    strategy: Param = Param(
+    strategy: Param[str] = Param(
         Params._dummy(), 'strategy',
         'training strategy name',
         typeConverter=TypeConverters.toString)
-    strategyOptions: Param = Param(
+    strategyOptions: Param[dict[str, Any]] = Param(
         Params._dummy(), 'strategyOptions',
         'options of the strategy (dict)',
         typeConverter=TypeConverters.identity)
-    progress: Param = Param(
+    progress: Param[bool] = Param(
         Params._dummy(), 'progress',
         'show progress on the driver',
         typeConverter=TypeConverters.toBoolean)
-    checkpointEvery: Param = Param(
+    checkpointEvery: Param[int] = Param(
         Params._dummy(), 'checkpointEvery',
         'write a checkpoint every N epochs (0: never)',
         typeConverter=TypeConverters.toInt)
-    checkpointEverySteps: Param = Param(
+    checkpointEverySteps: Param[int] = Param(
         Params._dummy(), 'checkpointEverySteps',
         'also every N steps inside epochs (0: never)',
         typeConverter=TypeConverters.toInt)
-    keepCheckpoints: Param = Param(
+    keepCheckpoints: Param[int] = Param(
         Params._dummy(), 'keepCheckpoints',
         'checkpoints kept per run (the newest)',
         typeConverter=TypeConverters.toInt)
-    maxRestarts: Param = Param(
+    maxRestarts: Param[int] = Param(
         Params._dummy(), 'maxRestarts',
         'relaunches of the barrier stage after a failure, each resuming from the last good checkpoint',
         typeConverter=TypeConverters.toInt)
-    minWorkers: Param = Param(
+    minWorkers: Param[int | None] = Param(
         Params._dummy(), 'minWorkers',
         'after a lost executor, go on with at least this many ranks from the last epoch checkpoint when fewer slots come back (elastic; None: numWorkers, no elasticity)',
         typeConverter=TypeConverters.toInt)
-    slotWaitTimeout: Param = Param(
+    slotWaitTimeout: Param[float] = Param(
         Params._dummy(), 'slotWaitTimeout',
         'seconds to wait for task slots before a relaunch; then go on with minWorkers ranks or fail',
         typeConverter=TypeConverters.toFloat)
-    runId: Param = Param(
+    runId: Param[str | None] = Param(
         Params._dummy(), 'runId',
         'resume this earlier run from its last good checkpoint (None: a new run)',
         typeConverter=TypeConverters.identity)
-    watchdogTimeout: Param = Param(
+    watchdogTimeout: Param[float | str | None] = Param(
         Params._dummy(), 'watchdogTimeout',
         "seconds without progress on a rank before the attempt is failed; 'auto': 20x the slowest step seen, at least 60 s (300 s up to the first step); None: no watchdog",
         typeConverter=TypeConverters.identity)
@@ -314,7 +317,7 @@ class HasTorchEstimatorParams(HasTorchModelParams):
                 keepCheckpoints=3, maxRestarts=2, minWorkers=None, slotWaitTimeout=120.0,
                 runId=None, watchdogTimeout='auto')
 
-    def setModel(self, value: Any) -> Any:
+    def setModel(self, value: Any) -> Self:
         """Sets model: torch.nn.Module, zero-argument factory returning one, or a name (mlp, cnn, package.module:factory)"""
         return self._set(model=value)
 
@@ -322,7 +325,7 @@ class HasTorchEstimatorParams(HasTorchModelParams):
         """model: torch.nn.Module, zero-argument factory returning one, or a name (mlp, cnn, package.module:factory)"""
         return self.getOrDefault(self.model)
 
-    def setOptimizer(self, value: Any) -> Any:
+    def setOptimizer(self, value: Any) -> Self:
         """Sets optimizer: factory taking the model's parameters, a torch optimizer instance (rebuilt on the workers with all its settings) or a name"""
         return self._set(optimizer=value)
 
@@ -330,7 +333,7 @@ class HasTorchEstimatorParams(HasTorchModelParams):
         """optimizer: factory taking the model's parameters, a torch optimizer instance (rebuilt on the workers with all its settings) or a name"""
         return self.getOrDefault(self.optimizer)
 
-    def setLoss(self, value: Any) -> Any:
+    def setLoss(self, value: Any) -> Self:
         """Sets loss: loss module, callable (output, label) -> scalar, or a name (cross_entropy, mse, bce_with_logits, ...)"""
         return self._set(loss=value)
 
@@ -338,7 +341,7 @@ class HasTorchEstimatorParams(HasTorchModelParams):
         """loss: loss module, callable (output, label) -> scalar, or a name (cross_entropy, mse, bce_with_logits, ...)"""
         return self.getOrDefault(self.loss)
 
-    def setCallbacks(self, value: Any) -> Any:
+    def setCallbacks(self, value: Any) -> Self:
         """Sets callbacks: objects with any of on_fit_start(estimator), on_epoch_end(row) -> bool (True stops training), on_snapshot(epoch, state_dict), on_fit_end(model), on_restart(restart); they run on the driver"""
         return self._set(callbacks=value)
 
@@ -346,7 +349,7 @@ class HasTorchEstimatorParams(HasTorchModelParams):
         """callbacks: objects with any of on_fit_start(estimator), on_epoch_end(row) -> bool (True stops training), on_snapshot(epoch, state_dict), on_fit_end(model), on_restart(restart); they run on the driver"""
         return self.getOrDefault(self.callbacks)
 
-    def setMlflow(self, value: Any) -> Any:
+    def setMlflow(self, value: Any) -> Self:
         """Sets mlflow: log params, per-epoch metrics, restarts and the model to MLflow from the driver: None logs when an MLflow run is active, True also starts a run when none is, False turns it off"""
         return self._set(mlflow=value)
 
@@ -354,119 +357,119 @@ class HasTorchEstimatorParams(HasTorchModelParams):
         """mlflow: log params, per-epoch metrics, restarts and the model to MLflow from the driver: None logs when an MLflow run is active, True also starts a run when none is, False turns it off"""
         return self.getOrDefault(self.mlflow)
 
-    def setLabelCol(self, value: Any) -> Any:
+    def setLabelCol(self, value: str | list[str]) -> Self:
         """Sets labelCol: label column name, or a list of them (the model then returns one output per label; the loss is summed over the pairs)"""
         return self._set(labelCol=value)
 
-    def getLabelCol(self) -> Any:
+    def getLabelCol(self) -> str | list[str]:
         """labelCol: label column name, or a list of them (the model then returns one output per label; the loss is summed over the pairs)"""
         return self.getOrDefault(self.labelCol)
 
-    def setSampleWeightCol(self, value: Any) -> Any:
+    def setSampleWeightCol(self, value: str | None) -> Self:
         """Sets sampleWeightCol: column of per-row weights: the loss is sum(w * loss_i) / sum(w)"""
         return self._set(sampleWeightCol=value)
 
-    def getSampleWeightCol(self) -> Any:
+    def getSampleWeightCol(self) -> str | None:
         """sampleWeightCol: column of per-row weights: the loss is sum(w * loss_i) / sum(w)"""
         return self.getOrDefault(self.sampleWeightCol)
 
-    def setEpochs(self, value: Any) -> Any:
+    def setEpochs(self, value: int) -> Self:
         """Sets epochs: passes over the training data"""
         return self._set(epochs=value)
 
-    def getEpochs(self) -> Any:
+    def getEpochs(self) -> int:
         """epochs: passes over the training data"""
         return self.getOrDefault(self.epochs)
 
-    def setBatchSize(self, value: Any) -> Any:
+    def setBatchSize(self, value: int) -> Self:
         """Sets batchSize: rows per step on each worker (global batch = batchSize x numWorkers)"""
         return self._set(batchSize=value)
 
-    def getBatchSize(self) -> Any:
+    def getBatchSize(self) -> int:
         """batchSize: rows per step on each worker (global batch = batchSize x numWorkers)"""
         return self.getOrDefault(self.batchSize)
 
-    def setNumWorkers(self, value: Any) -> Any:
+    def setNumWorkers(self, value: int) -> Self:
         """Sets numWorkers: ranks (barrier tasks) to train with"""
         return self._set(numWorkers=value)
 
-    def getNumWorkers(self) -> Any:
+    def getNumWorkers(self) -> int:
         """numWorkers: ranks (barrier tasks) to train with"""
         return self.getOrDefault(self.numWorkers)
 
-    def setValidation(self, value: Any) -> Any:
+    def setValidation(self, value: float | str | None) -> Self:
         """Sets validation: fraction of rows held out for validation, or the name of a boolean/0-1 column marking them; None: no validation"""
         return self._set(validation=value)
 
-    def getValidation(self) -> Any:
+    def getValidation(self) -> float | str | None:
         """validation: fraction of rows held out for validation, or the name of a boolean/0-1 column marking them; None: no validation"""
         return self.getOrDefault(self.validation)
 
-    def setStore(self, value: Any) -> Any:
+    def setStore(self, value: str) -> Self:
         """Sets store: where data and run artifacts go (path, file://, /Volumes/..., hdfs://, s3://, dbfs:/, gs://, abfss:// or another fsspec filesystem)"""
         return self._set(store=value)
 
-    def getStore(self) -> Any:
+    def getStore(self) -> str:
         """store: where data and run artifacts go (path, file://, /Volumes/..., hdfs://, s3://, dbfs:/, gs://, abfss:// or another fsspec filesystem)"""
         return self.getOrDefault(self.store)
 
-    def setSeed(self, value: Any) -> Any:
+    def setSeed(self, value: int) -> Self:
         """Sets seed: seed for initialization, data order and the validation split"""
         return self._set(seed=value)
 
-    def getSeed(self) -> Any:
+    def getSeed(self) -> int:
         """seed: seed for initialization, data order and the validation split"""
         return self.getOrDefault(self.seed)
 
-    def setSnapshotEvery(self, value: Any) -> Any:
+    def setSnapshotEvery(self, value: int) -> Self:
         """Sets snapshotEvery: hand a model snapshot to the driver every N epochs"""
         return self._set(snapshotEvery=value)
 
-    def getSnapshotEvery(self) -> Any:
+    def getSnapshotEvery(self) -> int:
         """snapshotEvery: hand a model snapshot to the driver every N epochs"""
         return self.getOrDefault(self.snapshotEvery)
 
-    def setBestBy(self, value: Any) -> Any:
+    def setBestBy(self, value: str | None) -> Self:
         """Sets bestBy: metric choosing the best snapshot (val_loss, val_accuracy, train_loss, ...); default val_loss, or train_loss without validation"""
         return self._set(bestBy=value)
 
-    def getBestBy(self) -> Any:
+    def getBestBy(self) -> str | None:
         """bestBy: metric choosing the best snapshot (val_loss, val_accuracy, train_loss, ...); default val_loss, or train_loss without validation"""
         return self.getOrDefault(self.bestBy)
 
-    def setBestByMode(self, value: Any) -> Any:
+    def setBestByMode(self, value: str) -> Self:
         """Sets bestByMode: min or max: whether a lower or a higher bestBy is better; auto: min for losses and errors, max otherwise"""
         return self._set(bestByMode=value)
 
-    def getBestByMode(self) -> Any:
+    def getBestByMode(self) -> str:
         """bestByMode: min or max: whether a lower or a higher bestBy is better; auto: min for losses and errors, max otherwise"""
         return self.getOrDefault(self.bestByMode)
 
-    def setEarlyStoppingPatience(self, value: Any) -> Any:
+    def setEarlyStoppingPatience(self, value: int) -> Self:
         """Sets earlyStoppingPatience: stop after this many evaluated snapshots without improvement of bestBy; 0 = never"""
         return self._set(earlyStoppingPatience=value)
 
-    def getEarlyStoppingPatience(self) -> Any:
+    def getEarlyStoppingPatience(self) -> int:
         """earlyStoppingPatience: stop after this many evaluated snapshots without improvement of bestBy; 0 = never"""
         return self.getOrDefault(self.earlyStoppingPatience)
 
-    def setFinalWeights(self, value: Any) -> Any:
+    def setFinalWeights(self, value: str) -> Self:
         """Sets finalWeights: weights of the returned model: best or last"""
         return self._set(finalWeights=value)
 
-    def getFinalWeights(self) -> Any:
+    def getFinalWeights(self) -> str:
         """finalWeights: weights of the returned model: best or last"""
         return self.getOrDefault(self.finalWeights)
 
-    def setLearningRate(self, value: Any) -> Any:
+    def setLearningRate(self, value: float | None) -> Self:
         """Sets learningRate: if set, overrides the optimizer's learning rate"""
         return self._set(learningRate=value)
 
-    def getLearningRate(self) -> Any:
+    def getLearningRate(self) -> float | None:
         """learningRate: if set, overrides the optimizer's learning rate"""
         return self.getOrDefault(self.learningRate)
 
-    def setMetrics(self, value: Any) -> Any:
+    def setMetrics(self, value: Any) -> Self:
         """Sets metrics: metric names: means over rows (accuracy, mse, mae), exact ones over the whole validation set from torchmetrics (f1, precision, recall, auroc, average_precision, specificity, mcc, cohen_kappa; r2, pearson, spearman, explained_variance, mape; f1_micro etc. choose the average, macro by default), or callables; default: accuracy for classifiers"""
         return self._set(metrics=value)
 
@@ -474,55 +477,55 @@ class HasTorchEstimatorParams(HasTorchModelParams):
         """metrics: metric names: means over rows (accuracy, mse, mae), exact ones over the whole validation set from torchmetrics (f1, precision, recall, auroc, average_precision, specificity, mcc, cohen_kappa; r2, pearson, spearman, explained_variance, mape; f1_micro etc. choose the average, macro by default), or callables; default: accuracy for classifiers"""
         return self.getOrDefault(self.metrics)
 
-    def setShuffleBufferSize(self, value: Any) -> Any:
+    def setShuffleBufferSize(self, value: int) -> Self:
         """Sets shuffleBufferSize: rows in each worker's shuffle buffer"""
         return self._set(shuffleBufferSize=value)
 
-    def getShuffleBufferSize(self) -> Any:
+    def getShuffleBufferSize(self) -> int:
         """shuffleBufferSize: rows in each worker's shuffle buffer"""
         return self.getOrDefault(self.shuffleBufferSize)
 
-    def setReaderWorkers(self, value: Any) -> Any:
+    def setReaderWorkers(self, value: int) -> Self:
         """Sets readerWorkers: threads reading Parquet ahead on each worker"""
         return self._set(readerWorkers=value)
 
-    def getReaderWorkers(self) -> Any:
+    def getReaderWorkers(self) -> int:
         """readerWorkers: threads reading Parquet ahead on each worker"""
         return self.getOrDefault(self.readerWorkers)
 
-    def setReaderPool(self, value: Any) -> Any:
+    def setReaderPool(self, value: str) -> Self:
         """Sets readerPool: how each worker reads ahead: thread (readerWorkers threads) or dummy (inline, no threads)"""
         return self._set(readerPool=value)
 
-    def getReaderPool(self) -> Any:
+    def getReaderPool(self) -> str:
         """readerPool: how each worker reads ahead: thread (readerWorkers threads) or dummy (inline, no threads)"""
         return self.getOrDefault(self.readerPool)
 
-    def setReader(self, value: Any) -> Any:
+    def setReader(self, value: str) -> Self:
         """Sets reader: Parquet reader: auto (Petastorm where it loads, else Arrow), petastorm or arrow"""
         return self._set(reader=value)
 
-    def getReader(self) -> Any:
+    def getReader(self) -> str:
         """reader: Parquet reader: auto (Petastorm where it loads, else Arrow), petastorm or arrow"""
         return self.getOrDefault(self.reader)
 
-    def setUseGpu(self, value: Any) -> Any:
+    def setUseGpu(self, value: bool) -> Self:
         """Sets useGpu: train on the GPUs Spark assigns to the tasks"""
         return self._set(useGpu=value)
 
-    def getUseGpu(self) -> Any:
+    def getUseGpu(self) -> bool:
         """useGpu: train on the GPUs Spark assigns to the tasks"""
         return self.getOrDefault(self.useGpu)
 
-    def setTimeout(self, value: Any) -> Any:
+    def setTimeout(self, value: float | None) -> Self:
         """Sets timeout: wall-clock limit of the whole fit in seconds, all attempts together (None: no limit)"""
         return self._set(timeout=value)
 
-    def getTimeout(self) -> Any:
+    def getTimeout(self) -> float | None:
         """timeout: wall-clock limit of the whole fit in seconds, all attempts together (None: no limit)"""
         return self.getOrDefault(self.timeout)
 
-    def setLrScheduler(self, value: Any) -> Any:
+    def setLrScheduler(self, value: Any) -> Self:
         """Sets lrScheduler: learning-rate schedule: a factory optimizer -> torch LR scheduler, or a name (step, multistep, exponential, cosine, linear, onecycle, constant) with lrSchedulerOptions"""
         return self._set(lrScheduler=value)
 
@@ -530,55 +533,55 @@ class HasTorchEstimatorParams(HasTorchModelParams):
         """lrScheduler: learning-rate schedule: a factory optimizer -> torch LR scheduler, or a name (step, multistep, exponential, cosine, linear, onecycle, constant) with lrSchedulerOptions"""
         return self.getOrDefault(self.lrScheduler)
 
-    def setLrSchedulerOptions(self, value: Any) -> Any:
+    def setLrSchedulerOptions(self, value: dict[str, Any]) -> Self:
         """Sets lrSchedulerOptions: keyword arguments of the named scheduler (e.g. {'step_size': 5, 'gamma': 0.5}); cosine and onecycle default to the whole fit's length"""
         return self._set(lrSchedulerOptions=value)
 
-    def getLrSchedulerOptions(self) -> Any:
+    def getLrSchedulerOptions(self) -> dict[str, Any]:
         """lrSchedulerOptions: keyword arguments of the named scheduler (e.g. {'step_size': 5, 'gamma': 0.5}); cosine and onecycle default to the whole fit's length"""
         return self.getOrDefault(self.lrSchedulerOptions)
 
-    def setLrSchedulerInterval(self, value: Any) -> Any:
+    def setLrSchedulerInterval(self, value: str) -> Self:
         """Sets lrSchedulerInterval: step the schedule every epoch or every optimizer step"""
         return self._set(lrSchedulerInterval=value)
 
-    def getLrSchedulerInterval(self) -> Any:
+    def getLrSchedulerInterval(self) -> str:
         """lrSchedulerInterval: step the schedule every epoch or every optimizer step"""
         return self.getOrDefault(self.lrSchedulerInterval)
 
-    def setPrecision(self, value: Any) -> Any:
+    def setPrecision(self, value: str) -> Self:
         """Sets precision: 32, bf16-mixed (autocast to bfloat16, CPU and GPU) or 16-mixed (float16 autocast with loss scaling, GPU only); weights and optimizer state stay float32"""
         return self._set(precision=value)
 
-    def getPrecision(self) -> Any:
+    def getPrecision(self) -> str:
         """precision: 32, bf16-mixed (autocast to bfloat16, CPU and GPU) or 16-mixed (float16 autocast with loss scaling, GPU only); weights and optimizer state stay float32"""
         return self.getOrDefault(self.precision)
 
-    def setBackwardPassesPerStep(self, value: Any) -> Any:
+    def setBackwardPassesPerStep(self, value: int) -> Self:
         """Sets backwardPassesPerStep: micro-batches whose gradients are accumulated per optimizer step (no communication on the first k-1)"""
         return self._set(backwardPassesPerStep=value)
 
-    def getBackwardPassesPerStep(self) -> Any:
+    def getBackwardPassesPerStep(self) -> int:
         """backwardPassesPerStep: micro-batches whose gradients are accumulated per optimizer step (no communication on the first k-1)"""
         return self.getOrDefault(self.backwardPassesPerStep)
 
-    def setGradientClipNorm(self, value: Any) -> Any:
+    def setGradientClipNorm(self, value: float | None) -> Self:
         """Sets gradientClipNorm: clip the synchronized gradients to this total L2 norm"""
         return self._set(gradientClipNorm=value)
 
-    def getGradientClipNorm(self) -> Any:
+    def getGradientClipNorm(self) -> float | None:
         """gradientClipNorm: clip the synchronized gradients to this total L2 norm"""
         return self.getOrDefault(self.gradientClipNorm)
 
-    def setGradientClipValue(self, value: Any) -> Any:
+    def setGradientClipValue(self, value: float | None) -> Self:
         """Sets gradientClipValue: clamp each synchronized gradient element to [-v, v]"""
         return self._set(gradientClipValue=value)
 
-    def getGradientClipValue(self) -> Any:
+    def getGradientClipValue(self) -> float | None:
         """gradientClipValue: clamp each synchronized gradient element to [-v, v]"""
         return self.getOrDefault(self.gradientClipValue)
 
-    def setTransformFn(self, value: Any) -> Any:
+    def setTransformFn(self, value: Any) -> Self:
         """Sets transformFn: fn(batch) -> dict of tensors, run on every batch before the model sees it (on the ranks, in the reader's threads; on the driver; in TorchModel.transform): batch maps each column to a numpy array, object arrays of bytes/str for binary/string columns and a list of arrays for variable-length ones; what it does not return passes through. A preset names it as 'package.module:function'"""
         return self._set(transformFn=value)
 
@@ -586,7 +589,7 @@ class HasTorchEstimatorParams(HasTorchModelParams):
         """transformFn: fn(batch) -> dict of tensors, run on every batch before the model sees it (on the ranks, in the reader's threads; on the driver; in TorchModel.transform): batch maps each column to a numpy array, object arrays of bytes/str for binary/string columns and a list of arrays for variable-length ones; what it does not return passes through. A preset names it as 'package.module:function'"""
         return self.getOrDefault(self.transformFn)
 
-    def setTrainStep(self, value: Any) -> Any:
+    def setTrainStep(self, value: Any) -> Self:
         """Sets trainStep: fn(model, batch) -> scalar loss, replacing model(*features) and loss(output, label); batch is the dict column -> tensor; also computes val_loss"""
         return self._set(trainStep=value)
 
@@ -594,99 +597,99 @@ class HasTorchEstimatorParams(HasTorchModelParams):
         """trainStep: fn(model, batch) -> scalar loss, replacing model(*features) and loss(output, label); batch is the dict column -> tensor; also computes val_loss"""
         return self.getOrDefault(self.trainStep)
 
-    def setOnNonFiniteLoss(self, value: Any) -> Any:
+    def setOnNonFiniteLoss(self, value: str) -> Self:
         """Sets onNonFiniteLoss: a NaN/inf loss: raise (stop the fit naming epoch, step and rank) or skip_batch (every rank skips that step)"""
         return self._set(onNonFiniteLoss=value)
 
-    def getOnNonFiniteLoss(self) -> Any:
+    def getOnNonFiniteLoss(self) -> str:
         """onNonFiniteLoss: a NaN/inf loss: raise (stop the fit naming epoch, step and rank) or skip_batch (every rank skips that step)"""
         return self.getOrDefault(self.onNonFiniteLoss)
 
-    def setStrategy(self, value: Any) -> Any:
+    def setStrategy(self, value: str) -> Self:
         """Sets strategy: training strategy name"""
         return self._set(strategy=value)
 
-    def getStrategy(self) -> Any:
+    def getStrategy(self) -> str:
         """strategy: training strategy name"""
         return self.getOrDefault(self.strategy)
 
-    def setStrategyOptions(self, value: Any) -> Any:
+    def setStrategyOptions(self, value: dict[str, Any]) -> Self:
         """Sets strategyOptions: options of the strategy (dict)"""
         return self._set(strategyOptions=value)
 
-    def getStrategyOptions(self) -> Any:
+    def getStrategyOptions(self) -> dict[str, Any]:
         """strategyOptions: options of the strategy (dict)"""
         return self.getOrDefault(self.strategyOptions)
 
-    def setProgress(self, value: Any) -> Any:
+    def setProgress(self, value: bool) -> Self:
         """Sets progress: show progress on the driver"""
         return self._set(progress=value)
 
-    def getProgress(self) -> Any:
+    def getProgress(self) -> bool:
         """progress: show progress on the driver"""
         return self.getOrDefault(self.progress)
 
-    def setCheckpointEvery(self, value: Any) -> Any:
+    def setCheckpointEvery(self, value: int) -> Self:
         """Sets checkpointEvery: write a checkpoint every N epochs (0: never)"""
         return self._set(checkpointEvery=value)
 
-    def getCheckpointEvery(self) -> Any:
+    def getCheckpointEvery(self) -> int:
         """checkpointEvery: write a checkpoint every N epochs (0: never)"""
         return self.getOrDefault(self.checkpointEvery)
 
-    def setCheckpointEverySteps(self, value: Any) -> Any:
+    def setCheckpointEverySteps(self, value: int) -> Self:
         """Sets checkpointEverySteps: also every N steps inside epochs (0: never)"""
         return self._set(checkpointEverySteps=value)
 
-    def getCheckpointEverySteps(self) -> Any:
+    def getCheckpointEverySteps(self) -> int:
         """checkpointEverySteps: also every N steps inside epochs (0: never)"""
         return self.getOrDefault(self.checkpointEverySteps)
 
-    def setKeepCheckpoints(self, value: Any) -> Any:
+    def setKeepCheckpoints(self, value: int) -> Self:
         """Sets keepCheckpoints: checkpoints kept per run (the newest)"""
         return self._set(keepCheckpoints=value)
 
-    def getKeepCheckpoints(self) -> Any:
+    def getKeepCheckpoints(self) -> int:
         """keepCheckpoints: checkpoints kept per run (the newest)"""
         return self.getOrDefault(self.keepCheckpoints)
 
-    def setMaxRestarts(self, value: Any) -> Any:
+    def setMaxRestarts(self, value: int) -> Self:
         """Sets maxRestarts: relaunches of the barrier stage after a failure, each resuming from the last good checkpoint"""
         return self._set(maxRestarts=value)
 
-    def getMaxRestarts(self) -> Any:
+    def getMaxRestarts(self) -> int:
         """maxRestarts: relaunches of the barrier stage after a failure, each resuming from the last good checkpoint"""
         return self.getOrDefault(self.maxRestarts)
 
-    def setMinWorkers(self, value: Any) -> Any:
+    def setMinWorkers(self, value: int | None) -> Self:
         """Sets minWorkers: after a lost executor, go on with at least this many ranks from the last epoch checkpoint when fewer slots come back (elastic; None: numWorkers, no elasticity)"""
         return self._set(minWorkers=value)
 
-    def getMinWorkers(self) -> Any:
+    def getMinWorkers(self) -> int | None:
         """minWorkers: after a lost executor, go on with at least this many ranks from the last epoch checkpoint when fewer slots come back (elastic; None: numWorkers, no elasticity)"""
         return self.getOrDefault(self.minWorkers)
 
-    def setSlotWaitTimeout(self, value: Any) -> Any:
+    def setSlotWaitTimeout(self, value: float) -> Self:
         """Sets slotWaitTimeout: seconds to wait for task slots before a relaunch; then go on with minWorkers ranks or fail"""
         return self._set(slotWaitTimeout=value)
 
-    def getSlotWaitTimeout(self) -> Any:
+    def getSlotWaitTimeout(self) -> float:
         """slotWaitTimeout: seconds to wait for task slots before a relaunch; then go on with minWorkers ranks or fail"""
         return self.getOrDefault(self.slotWaitTimeout)
 
-    def setRunId(self, value: Any) -> Any:
+    def setRunId(self, value: str | None) -> Self:
         """Sets runId: resume this earlier run from its last good checkpoint (None: a new run)"""
         return self._set(runId=value)
 
-    def getRunId(self) -> Any:
+    def getRunId(self) -> str | None:
         """runId: resume this earlier run from its last good checkpoint (None: a new run)"""
         return self.getOrDefault(self.runId)
 
-    def setWatchdogTimeout(self, value: Any) -> Any:
+    def setWatchdogTimeout(self, value: float | str | None) -> Self:
         """Sets watchdogTimeout: seconds without progress on a rank before the attempt is failed; 'auto': 20x the slowest step seen, at least 60 s (300 s up to the first step); None: no watchdog"""
         return self._set(watchdogTimeout=value)
 
-    def getWatchdogTimeout(self) -> Any:
+    def getWatchdogTimeout(self) -> float | str | None:
         """watchdogTimeout: seconds without progress on a rank before the attempt is failed; 'auto': 20x the slowest step seen, at least 60 s (300 s up to the first step); None: no watchdog"""
         return self.getOrDefault(self.watchdogTimeout)
 
@@ -696,48 +699,52 @@ class TorchEstimatorBase(Estimator, HasTorchEstimatorParams):
 
     @keyword_only
     def __init__(self, *, model: Any = None, optimizer: Any = None, loss: Any = None,
-            callbacks: Any = None, mlflow: Any = None, featuresCol: Any = 'features',
-            labelCol: Any = 'label', sampleWeightCol: Any = None, epochs: Any = 10,
-            batchSize: Any = 32, numWorkers: Any = 2, validation: Any = None,
-            store: Any = 'file:///tmp/sparkddl', seed: Any = 0, snapshotEvery: Any = 1,
-            bestBy: Any = None, bestByMode: Any = 'auto', earlyStoppingPatience: Any = 0,
-            finalWeights: Any = 'best', learningRate: Any = None, metrics: Any = None,
-            featureShapes: Any = {}, shuffleBufferSize: Any = 10000, readerWorkers: Any = 2,
-            readerPool: Any = 'thread', reader: Any = 'auto', useGpu: Any = False,
-            timeout: Any = None, lrScheduler: Any = None, lrSchedulerOptions: Any = {},
-            lrSchedulerInterval: Any = 'epoch', precision: Any = '32',
-            backwardPassesPerStep: Any = 1, gradientClipNorm: Any = None,
-            gradientClipValue: Any = None, transformFn: Any = None, trainStep: Any = None,
-            onNonFiniteLoss: Any = 'raise', strategy: Any = 'allreduce', strategyOptions: Any = {},
-            progress: Any = True, checkpointEvery: Any = 1, checkpointEverySteps: Any = 0,
-            keepCheckpoints: Any = 3, maxRestarts: Any = 2, minWorkers: Any = None,
-            slotWaitTimeout: Any = 120.0, runId: Any = None, watchdogTimeout: Any = 'auto',
-            predictionCol: Any = 'prediction', probabilityCol: Any = 'probability',
-            rawPredictionCol: Any = 'rawPrediction', inferenceBatchSize: Any = 1024,
-            inferenceDevice: Any = 'auto') -> None:
+            callbacks: Any = None, mlflow: Any = None, featuresCol: str | list[str] = 'features',
+            labelCol: str | list[str] = 'label', sampleWeightCol: str | None = None,
+            epochs: int = 10, batchSize: int = 32, numWorkers: int = 2,
+            validation: float | str | None = None, store: str = 'file:///tmp/sparkddl',
+            seed: int = 0, snapshotEvery: int = 1, bestBy: str | None = None,
+            bestByMode: str = 'auto', earlyStoppingPatience: int = 0, finalWeights: str = 'best',
+            learningRate: float | None = None, metrics: Any = None,
+            featureShapes: dict[str, list[int]] = {}, shuffleBufferSize: int = 10000,
+            readerWorkers: int = 2, readerPool: str = 'thread', reader: str = 'auto',
+            useGpu: bool = False, timeout: float | None = None, lrScheduler: Any = None,
+            lrSchedulerOptions: dict[str, Any] = {}, lrSchedulerInterval: str = 'epoch',
+            precision: str = '32', backwardPassesPerStep: int = 1,
+            gradientClipNorm: float | None = None, gradientClipValue: float | None = None,
+            transformFn: Any = None, trainStep: Any = None, onNonFiniteLoss: str = 'raise',
+            strategy: str = 'allreduce', strategyOptions: dict[str, Any] = {},
+            progress: bool = True, checkpointEvery: int = 1, checkpointEverySteps: int = 0,
+            keepCheckpoints: int = 3, maxRestarts: int = 2, minWorkers: int | None = None,
+            slotWaitTimeout: float = 120.0, runId: str | None = None,
+            watchdogTimeout: float | str | None = 'auto', predictionCol: str = 'prediction',
+            probabilityCol: str = 'probability', rawPredictionCol: str = 'rawPrediction',
+            inferenceBatchSize: int = 1024, inferenceDevice: str = 'auto') -> None:
         super().__init__()
         self._set(**self._input_kwargs)
 
     @keyword_only
     def setParams(self, *, model: Any = None, optimizer: Any = None, loss: Any = None,
-            callbacks: Any = None, mlflow: Any = None, featuresCol: Any = 'features',
-            labelCol: Any = 'label', sampleWeightCol: Any = None, epochs: Any = 10,
-            batchSize: Any = 32, numWorkers: Any = 2, validation: Any = None,
-            store: Any = 'file:///tmp/sparkddl', seed: Any = 0, snapshotEvery: Any = 1,
-            bestBy: Any = None, bestByMode: Any = 'auto', earlyStoppingPatience: Any = 0,
-            finalWeights: Any = 'best', learningRate: Any = None, metrics: Any = None,
-            featureShapes: Any = {}, shuffleBufferSize: Any = 10000, readerWorkers: Any = 2,
-            readerPool: Any = 'thread', reader: Any = 'auto', useGpu: Any = False,
-            timeout: Any = None, lrScheduler: Any = None, lrSchedulerOptions: Any = {},
-            lrSchedulerInterval: Any = 'epoch', precision: Any = '32',
-            backwardPassesPerStep: Any = 1, gradientClipNorm: Any = None,
-            gradientClipValue: Any = None, transformFn: Any = None, trainStep: Any = None,
-            onNonFiniteLoss: Any = 'raise', strategy: Any = 'allreduce', strategyOptions: Any = {},
-            progress: Any = True, checkpointEvery: Any = 1, checkpointEverySteps: Any = 0,
-            keepCheckpoints: Any = 3, maxRestarts: Any = 2, minWorkers: Any = None,
-            slotWaitTimeout: Any = 120.0, runId: Any = None, watchdogTimeout: Any = 'auto',
-            predictionCol: Any = 'prediction', probabilityCol: Any = 'probability',
-            rawPredictionCol: Any = 'rawPrediction', inferenceBatchSize: Any = 1024,
-            inferenceDevice: Any = 'auto') -> Any:
+            callbacks: Any = None, mlflow: Any = None, featuresCol: str | list[str] = 'features',
+            labelCol: str | list[str] = 'label', sampleWeightCol: str | None = None,
+            epochs: int = 10, batchSize: int = 32, numWorkers: int = 2,
+            validation: float | str | None = None, store: str = 'file:///tmp/sparkddl',
+            seed: int = 0, snapshotEvery: int = 1, bestBy: str | None = None,
+            bestByMode: str = 'auto', earlyStoppingPatience: int = 0, finalWeights: str = 'best',
+            learningRate: float | None = None, metrics: Any = None,
+            featureShapes: dict[str, list[int]] = {}, shuffleBufferSize: int = 10000,
+            readerWorkers: int = 2, readerPool: str = 'thread', reader: str = 'auto',
+            useGpu: bool = False, timeout: float | None = None, lrScheduler: Any = None,
+            lrSchedulerOptions: dict[str, Any] = {}, lrSchedulerInterval: str = 'epoch',
+            precision: str = '32', backwardPassesPerStep: int = 1,
+            gradientClipNorm: float | None = None, gradientClipValue: float | None = None,
+            transformFn: Any = None, trainStep: Any = None, onNonFiniteLoss: str = 'raise',
+            strategy: str = 'allreduce', strategyOptions: dict[str, Any] = {},
+            progress: bool = True, checkpointEvery: int = 1, checkpointEverySteps: int = 0,
+            keepCheckpoints: int = 3, maxRestarts: int = 2, minWorkers: int | None = None,
+            slotWaitTimeout: float = 120.0, runId: str | None = None,
+            watchdogTimeout: float | str | None = 'auto', predictionCol: str = 'prediction',
+            probabilityCol: str = 'probability', rawPredictionCol: str = 'rawPrediction',
+            inferenceBatchSize: int = 1024, inferenceDevice: str = 'auto') -> Self:
         """Sets the given Params; the others keep their values."""
         return self._set(**self._input_kwargs)

@@ -38,8 +38,7 @@ class TorchEstimator(TorchEstimatorBase):
                 raise ConfigError(f"TorchEstimator needs {name}=...; see help(TorchEstimator)")
         callbacks = Callbacks(self.getOrDefault(self.callbacks))
         check_setting(self.getOrDefault(self.mlflow))
-        config = self.train_config()
-        config.validate()  # a bad option fails before an MLflow run is started for it
+        config = self.train_config()  # a bad option fails here, before an MLflow run starts
         callbacks.fit_start(self)
         tracking = MlflowTracking.begin(self.getOrDefault(self.mlflow),
                                         {p.name: v for p, v in self.extractParamMap().items()})

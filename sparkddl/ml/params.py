@@ -10,6 +10,7 @@ as plain code that editors and type checkers see. A unit test fails when that fi
 from __future__ import annotations
 
 import dataclasses
+import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -115,14 +116,37 @@ sparkddl/ml/params.py; do not edit (tests/unit/ml/test_params.py checks it is cu
 # flake8: noqa
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyspark import keyword_only
 from pyspark.ml import Estimator
 from pyspark.ml.param import Param, Params, TypeConverters
 
 from sparkddl.ml import params as _p
+
+if TYPE_CHECKING:  # annotations only (Python 3.10 has no typing.Self)
+    from typing_extensions import Self
 '''
+
+
+# what a Param holds (what users pass) by its converter, where no TrainConfig field says
+_BY_CONVERTER = {"toInt": "int", "toFloat": "float", "toString": "str", "toBoolean": "bool"}
+
+
+def value_type(p: ParamSpec) -> str:
+    """The type of ``p``'s value, as the generated code annotates it: the TrainConfig field's
+    type with lists for tuples (Params hold what users pass, and a column list may be one
+    name), else the converter's type; ``Any`` for objects (model, optimizer, ...)."""
+    if p.convert in ("features", "labels"):
+        return "str | list[str]"
+    if p.field is not None:
+        kind = str(next(f.type for f in dataclasses.fields(TrainConfig) if f.name == p.field))
+        kind = re.sub(r"tuple\[(\w+), \.\.\.\]", r"list[\1]", kind)
+    else:
+        kind = _BY_CONVERTER.get(p.convert or "", "Any")
+    if p.default is None and kind != "Any" and "None" not in kind:
+        kind += " | None"
+    return kind
 
 
 def _converter(name: str | None) -> str:
@@ -134,17 +158,19 @@ def _converter(name: str | None) -> str:
 def _class(name: str, base: str, specs: tuple[ParamSpec, ...], doc: str) -> list[str]:
     lines = ["", "", f"class {name}({base}):", f'    """{doc}"""', ""]
     for p in specs:
-        lines += [f"    {p.name}: Param = Param(", f"        Params._dummy(), {p.name!r},",
+        lines += [f"    {p.name}: Param[{value_type(p)}] = Param(",
+                  f"        Params._dummy(), {p.name!r},",
                   f"        {p.doc!r},", f"        typeConverter={_converter(p.convert)})"]
     defaults = ", ".join(f"{p.name}={p.default!r}" for p in specs)
     lines += ["", "    def __init__(self) -> None:", "        super().__init__()",
               f"        self._setDefault({defaults})"]
     for p in specs:
         cap = p.name[0].upper() + p.name[1:]
-        lines += ["", f"    def set{cap}(self, value: Any) -> Any:",
+        lines += ["", f"    def set{cap}(self, value: {value_type(p)}) -> Self:",
                   f'        """Sets {p.name}: {p.doc}"""',
                   f"        return self._set({p.name}=value)",
-                  "", f"    def get{cap}(self) -> Any:", f'        """{p.name}: {p.doc}"""',
+                  "", f"    def get{cap}(self) -> {value_type(p)}:",
+                  f'        """{p.name}: {p.doc}"""',
                   f"        return self.getOrDefault(self.{p.name})"]
     return lines
 
@@ -154,7 +180,7 @@ def generate() -> str:
     specs = all_params()
     model = tuple(p for p in specs if p.model)
     estimator = tuple(p for p in specs if not p.model)
-    signature = ", ".join(f"{p.name}: Any = {p.default!r}" for p in specs)
+    signature = ", ".join(f"{p.name}: {value_type(p)} = {p.default!r}" for p in specs)
     lines = _HEADER.rstrip("\n").splitlines()
     lines += _class("HasTorchModelParams", "Params", model,
                     "Params shared by the estimator and the model it produces.")
@@ -164,25 +190,35 @@ def generate() -> str:
               '    """TorchEstimator\'s constructor and setParams: every Param, by keyword."""',
               "", "    @keyword_only", f"    def __init__(self, *, {signature}) -> None:",
               "        super().__init__()", "        self._set(**self._input_kwargs)",
-              "", "    @keyword_only", f"    def setParams(self, *, {signature}) -> Any:",
+              "", "    @keyword_only", f"    def setParams(self, *, {signature}) -> Self:",
               '        """Sets the given Params; the others keep their values."""',
               "        return self._set(**self._input_kwargs)"]
     return _wrap("\n".join(lines) + "\n")
 
 
 def _wrap(text: str, width: int = 100) -> str:
-    """Break the long signature and defaults lines after commas (their values hold no
-    comma-space), so the file stays readable."""
+    """Break the long signature and defaults lines after commas between parameters (not
+    those inside a type's brackets; the values hold no comma-space), so the file stays
+    readable."""
     out = []
     for line in text.splitlines():
         indent = " " * (len(line) - len(line.lstrip()) + 8)
         wrappable = line.lstrip().startswith(("def ", "self._setDefault("))
-        while wrappable and len(line) > width and ", " in line[:width]:
-            cut = line[:width].rindex(", ") + 1
+        while wrappable and len(line) > width and (cut := _last_break(line[:width])):
             out.append(line[:cut])
             line = indent + line[cut:].lstrip()
         out.append(line)
     return "\n".join(out) + "\n"
+
+
+def _last_break(head: str) -> int:
+    """Where to break ``head``: just after its last ", " outside square brackets (0: none)."""
+    depth, best = 0, 0
+    for i, ch in enumerate(head):
+        depth += (ch == "[") - (ch == "]")
+        if depth == 0 and head.startswith(", ", i):
+            best = i + 1
+    return best
 
 
 if __name__ == "__main__":

@@ -46,7 +46,6 @@ def run_calibration(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any,
                     config: TrainConfig, calibration_workers: int = 2,
                     candidates: tuple[Candidate, ...] = CANDIDATES) -> tuple[dict, int]:
     """One short barrier stage; returns the measurements and the training rows."""
-    config.validate()
     sc = spark.sparkContext
     preflight.check_num_workers(calibration_workers)
     workers = preflight.available_workers(sc, calibration_workers)

@@ -54,15 +54,16 @@ def barrier_entry(spec: TaskSpec, _rows: Iterable[Any]) -> Iterator[bytes]:
                               "starting": True}
     reported: list[BaseException] = []
 
-    def post_failure(message: str, stack: str) -> None:
-        channel.post(Error(_clip(message), _clip(stack), where, dict(status)))
+    def post_failure(message: str, stack: str, exc: BaseException | None = None) -> None:
+        kind, location = described(exc) if exc is not None else ("", "")
+        channel.post(Error(_clip(message), _clip(stack), where, dict(status), kind, location))
         channel.flush()
 
     def report(exc: BaseException) -> None:
         if exc not in reported:
             reported.append(exc)
             post_failure(exit_message(exc) or f"{type(exc).__name__}: {exc}",
-                         traceback.format_exc())
+                         traceback.format_exc(), exc)
 
     result: bytes | None = None
     try:
@@ -122,6 +123,15 @@ def _first_failure(rank: int, exc: BaseException) -> BaseException | None:
     if got == text:
         return None  # the first
     return PeerFailedError(f"rank {rank} stopped because a peer failed first: {got}")
+
+
+def described(exc: BaseException) -> tuple[str, str]:
+    """(the exception's class, module-qualified; where it was raised: file and function),
+    for the driver's restart policy, which compares failures by these rather than by text."""
+    kind = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    frames = traceback.extract_tb(exc.__traceback__)
+    location = f"{os.path.basename(frames[-1].filename)}:{frames[-1].name}" if frames else ""
+    return kind, location
 
 
 def _clip(text: str) -> str:

@@ -52,6 +52,8 @@ class _Run:
         ckpt, self.pos = (resume.load(spec, self.ctx, self.module) if spec.resume_url
                           else (None, self.pos))
         self.module.to(self.dev)
+        for cls in spec.strategies.values():  # the driver's own (a notebook's class, say)
+            strategies.register(cls)
         self.strategy = strategies.create(cfg.strategy, cfg.strategy_options)
         self.mark("wrapping the model for its strategy", starting=True)
         self.model = self.strategy.wrap(self.module)

@@ -1,7 +1,7 @@
 """What the ranks of a fit need: one picklable object built on the driver."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from sparkddl.config import TrainConfig
@@ -29,6 +29,8 @@ class TrainSpec:
     fence: str | None = None  # this attempt's token: only the current attempt writes
     scheduler: SchedulerRecipe | None = None
     step_fn: LossFn | None = None  # None: model(*features), loss(output, label)
+    # strategies registered on the driver beyond the built-in ones, registered on each rank
+    strategies: dict[str, Any] = field(default_factory=dict)
 
     def loss_fn(self) -> LossFn:
         if self.step_fn is not None:

@@ -19,8 +19,9 @@ import pytest
 import torch
 
 import sparkddl
-from sparkddl import (CheckpointError, ConfigError, DataError, StoreError, TorchEstimator,
-                      TorchModel, TrainingFailedError, UntrustedArtifactError, checkpoint)
+from sparkddl import (CheckpointError, ConfigError, DataError, SparkDDLError, StoreError,
+                      TorchEstimator, TorchModel, TrainingFailedError, UntrustedArtifactError,
+                      checkpoint)
 from sparkddl.store import Store
 from tests.conftest import LOCAL, spark_session
 from tests.integration.digits import digits_df, mlp
@@ -144,8 +145,10 @@ def _metadata_not_json(folder) -> None:
 SAVED_DAMAGE = {
     "weights.pt deleted": (lambda d: (d / "weights.pt").unlink(),
                            StoreError, r"lacks weights\.pt"),
-    "program.json deleted": (lambda d: (d / "program.json").unlink(),
-                             StoreError, r"lacks program\.json, which it was saved with"),
+    # without its program, a model saved from a notebook needs trust: both are said
+    "program.json deleted": (lambda d: (d / "program.json").unlink(), SparkDDLError,
+                             r"trusted=True.*saved with program\.json, .*but that file is "
+                             r"missing"),
     "history.json deleted": (lambda d: (d / "history.json").unlink(),
                              StoreError, r"lacks history\.json"),
     "weights.pt truncated": (lambda d: (d / "weights.pt").write_bytes(

@@ -57,3 +57,43 @@ def test_strategy_trains_digits(spark_local, digits_split, tmp_path, case):
         assert all("syncs" in r for r in model.history)
     if name == "gossip":
         assert all(r["consensus_distance"] >= 0 for r in model.history)
+
+
+@pytest.mark.timeout(300)
+def test_a_strategy_defined_in_a_notebook_trains_on_the_executors(spark_local, digits_split,
+                                                                   tmp_path):
+    """A class defined in a function (as in a notebook cell) is pickled by value: the fit
+    ships it, so the ranks, which cannot import it, register and run it."""
+    from sparkddl import strategies
+    from sparkddl.strategies.tensors import average_, broadcast_module, model_state
+
+    class EpochAverage(strategies.Strategy):
+        """Ranks train alone and average their models at each epoch's end."""
+        name = "epoch_average"
+        replicas_differ = True
+
+        def wrap(self, module):
+            broadcast_module(module)
+            self.state = model_state(module)
+            return module
+
+        def end_epoch(self):
+            average_(self.state, self.comm)
+            return super().end_epoch()
+
+        def finalize(self, module):
+            average_(self.state, self.comm)
+
+    train, test = digits_split
+    before = dict(strategies.REGISTRY)
+    strategies.register(EpochAverage)
+    try:
+        model = TorchEstimator(
+            model=mlp(), optimizer=lambda p: torch.optim.Adam(p, lr=3e-3),
+            loss=torch.nn.CrossEntropyLoss(), batchSize=32, epochs=6, numWorkers=2,
+            store=str(tmp_path), strategy="epoch_average", progress=False).fit(train)
+    finally:
+        strategies.REGISTRY.clear()
+        strategies.REGISTRY.update(before)
+    assert accuracy(model.transform(test)) >= 0.9
+    assert all(r["comm_calls"] > 0 for r in model.history)  # it averaged every epoch

@@ -62,3 +62,36 @@ def test_no_import_cycles():
 
 def test_the_schema_imports_nothing_it_configures():
     assert imports()["sparkddl.config"] == {"sparkddl.errors"}
+
+
+# what the ranks and the data plane stand on never reaches up to the driver's launch path,
+# the Estimator or the job/CLI modules; Spark sessions are told apart in sparkddl.session,
+# below them all
+LOWER = ("sparkddl.data", "sparkddl.train", "sparkddl.task", "sparkddl.strategies",
+         "sparkddl.channel", "sparkddl.session")
+UPPER = ("sparkddl.launch", "sparkddl.ml", "sparkddl.job", "sparkddl.cli", "sparkddl.preset",
+         "sparkddl.sources", "sparkddl.plotting", "sparkddl.tracking", "sparkddl.distributor")
+
+
+def _within(module: str, packages: tuple[str, ...]) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in packages)
+
+
+def test_the_lower_layers_never_import_the_upper_ones():
+    upward = {module: sorted(t for t in targets if _within(t, UPPER))
+              for module, targets in imports().items() if _within(module, LOWER)}
+    assert {m: t for m, t in upward.items() if t} == {}
+
+
+def test_sessions_are_told_apart_only_in_the_session_package():
+    """No type or attribute tests for Spark Connect outside sparkddl.session."""
+    offenders = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                 if not module_name(p).startswith("sparkddl.session")
+                 and ('"is_connect"' in (text := p.read_text(encoding="utf-8"))
+                      or "pyspark.sql.connect" in text)]
+    assert offenders == []
+
+
+def test_the_session_package_stands_on_nothing_but_the_errors():
+    session = {m: t for m, t in imports().items() if m.startswith("sparkddl.session")}
+    assert set().union(*session.values()) - set(session) <= {"sparkddl.errors"}

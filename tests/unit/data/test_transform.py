@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from sparkddl.data.batching import decode_arrow
-from sparkddl.data.materialize import arrow_type, encode_batch
+from sparkddl.data.encode import arrow_type, encode_batch
 from sparkddl.data.schema import ColumnSpec, DataSpec, check_columns, column_spec
 from sparkddl.data.transform import Shapes, ahead, apply
 from sparkddl.errors import DataError, TransformError

@@ -90,3 +90,25 @@ def test_a_hang_is_retried_once():
     assert p.final_error(0, hang) is None
     final = p.final_error(1, hang)
     assert final is not None and "a hang is retried once" in str(final)
+
+
+def test_a_ranks_own_report_is_compared_by_its_class_and_place_not_its_text():
+    """The rank says what it raised (class, module-qualified; file and function): the
+    signature uses that, and 'is it a TransformError' is a question of class, not of the
+    message's first word."""
+    from sparkddl.errors import TransformError
+    a = RankFailure(1, "DataError: rank 1 cannot read /t/part-0007.parquet",
+                    traceback="(text the rank clipped)", status={"steps": 0},
+                    exception="sparkddl.errors.DataError", location="reader.py:open_file")
+    b = RankFailure(0, "DataError: rank 0 cannot read /t/part-0002.parquet",
+                    traceback="Traceback ...", status={"steps": 0},
+                    exception="sparkddl.errors.DataError", location="reader.py:open_file")
+    assert signature(a) == signature(b) == \
+        "sparkddl.errors.DataError at reader.py:open_file: rank <n> cannot read <path>"
+    # the same error on every rank before a step, its messages naming each rank: a repeat
+    assert will_repeat(failed(a, b), 2)
+    user = RankFailure(0, "TransformError: my own text", exception="builtins.ValueError")
+    assert not user.raised(TransformError)
+    assert RankFailure(0, "TransformError: bad rows",
+                       exception="sparkddl.errors.TransformError").raised(TransformError)
+    assert RankFailure(0, "TransformError: bad rows").raised(TransformError)  # text only

@@ -54,9 +54,11 @@ def test_every_param_reaches_the_training_config():
     elsewhere = {"model", "optimizer", "loss", "callbacks", "predictionCol", "probabilityCol",
                  "rawPredictionCol", "inferenceBatchSize", "inferenceDevice", "mlflow"}
     assert set(changed) | elsewhere == {p.name for p in _estimator().params}
+    needs = {"lrSchedulerOptions": {"lrScheduler": "cosine"}}  # a config is valid when made
     for name, value in changed.items():
-        config = _estimator(**{name: value}).train_config()
-        assert config != base, f"{name} is accepted but does not reach the config"
+        config = _estimator(**{name: value}, **needs.get(name, {})).train_config()
+        without = _estimator(**needs[name]).train_config() if name in needs else base
+        assert config != without, f"{name} is accepted but does not reach the config"
 
 
 def test_time_limits_must_be_positive_seconds_or_unset():
@@ -97,3 +99,21 @@ def test_params_and_config_fields_and_defaults_are_one_table():
     assert est.setBatchSize(7).getBatchSize() == 7
     assert TorchModel().setPredictionCol("p").getPredictionCol() == "p"
     assert "rows per step" in TorchEstimator.getBatchSize.__doc__
+
+
+def test_the_generated_params_are_typed_like_pyspark_s_own():
+    """Param[T] attributes, typed getters and setters and a typed constructor; Any only for
+    the objects (model, optimizer, loss, callbacks, mlflow, functions, metrics)."""
+    import inspect
+
+    from sparkddl.ml import _params, params
+    text = params.GENERATED.read_text(encoding="utf-8")
+    assert "    epochs: Param[int] = Param(" in text
+    assert "    featuresCol: Param[str | list[str]] = Param(" in text
+    assert "def getMinWorkers(self) -> int | None:" in text
+    assert "def setSlotWaitTimeout(self, value: float) -> Self:" in text
+    untyped = sorted(p.name for p in params.all_params() if params.value_type(p) == "Any")
+    assert untyped == ["callbacks", "loss", "lrScheduler", "metrics", "mlflow", "model",
+                       "optimizer", "trainStep", "transformFn"]
+    signature = inspect.signature(_params.TorchEstimatorBase.__init__)
+    assert signature.parameters["numWorkers"].annotation == "int"  # a string (PEP 563)

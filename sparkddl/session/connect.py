@@ -1,7 +1,7 @@
-"""Spark Connect sessions on the launch path: no SparkContext and no RDDs on the client, so
-the barrier stage goes through the DataFrame API (``mapInArrow(..., barrier=True)``), is
-cancelled through a job tag (``interruptTag``, behind SparkContext's job-tag names), and the few facts the preflight checks need
-come from the session's conf.
+"""Spark Connect sessions: no SparkContext and no RDDs on the client, so the barrier stage
+goes through the DataFrame API (``mapInArrow(..., barrier=True)``), is cancelled through a
+job tag (``interruptTag``, behind SparkContext's job-tag names), and the few facts the
+preflight checks need come from the session's conf.
 
 The ranks still report to a channel the client opens, so every property of a classic
 session holds (live logs, fail-fast, heartbeats, snapshots), provided the executors can
@@ -19,6 +19,7 @@ import socket
 from typing import Any, Iterable, Iterator
 
 from sparkddl.errors import ClusterError
+from sparkddl.session.masters import master_slots, missing_module, missing_module_reason
 
 REACHABLE_KEY = "spark.sparkddl.channel.reachable"  # "false": do not even try
 HOST_KEY = "spark.sparkddl.channel.host"  # the address executors reach this client at
@@ -27,8 +28,10 @@ RESULT_SCHEMA = "rank int, result binary"
 
 
 def is_connect(spark: Any) -> bool:
-    """Whether ``spark`` is a Spark Connect session (a client without a SparkContext)."""
-    return type(spark).__module__.startswith("pyspark.sql.connect")
+    """Whether ``spark`` is a Spark Connect session (a client without a SparkContext), or
+    the :class:`ConnectContext` of one."""
+    return getattr(spark, "is_connect", False) is True or \
+        type(spark).__module__.startswith("pyspark.sql.connect")
 
 
 class ConnectContext:
@@ -46,7 +49,6 @@ class ConnectContext:
 
     @property
     def defaultParallelism(self) -> int:  # noqa: N802 - SparkContext's name
-        from sparkddl.launch.preflight import master_slots
         return master_slots(self.master) or int(self.getConf().get(
             "spark.default.parallelism", "2"))
 
@@ -81,7 +83,6 @@ class ConnectContext:
         try:
             [row] = self.spark.range(0, 1, 1, 1).mapInArrow(probe, "error string").collect()
         except Exception as exc:  # the first job: executors without sparkddl fail here
-            from sparkddl.launch.monitor import missing_module, missing_module_reason
             module = missing_module(str(exc))
             if module is None:
                 raise
