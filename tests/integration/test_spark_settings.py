@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkddl.spark_settings import local_heap_mb
+from sparkddl.cli.spark_settings import local_heap_mb
 from tests.integration.test_standalone import run_in_own_group
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -107,7 +107,7 @@ def test_builtin_models_are_saved_by_import():
 
 
 def test_secrets_are_redacted_from_configs():
-    from sparkddl.preset import redacted
+    from sparkddl.cli.preset import redacted
     cfg = {"spark": {"conf": {"spark.hadoop.fs.s3a.secret.key": "abc",
                               "spark.hadoop.fs.s3a.access.key": "AKIA", "spark.master": "x"}},
            "store": {"token": "t", "path": "/p"}, "password": ""}

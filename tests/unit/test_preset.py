@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from sparkddl import cli, preset
+from sparkddl import cli
+from sparkddl.cli import preset
 from sparkddl.errors import ConfigError
 from sparkddl.models import build_model
 
@@ -29,7 +30,7 @@ def test_no_preset_loads_the_same_config_as_conf_digits():
 
 
 def test_the_cli_without_a_preset_runs_the_embedded_default(monkeypatch):
-    from sparkddl import job
+    from sparkddl.cli import job
     seen = []
     monkeypatch.setattr(job, "run_prepare", seen.append)
     assert cli.main(["prepare"]) == 0

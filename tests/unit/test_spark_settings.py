@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from sparkddl import spark_settings as ss
+from sparkddl.cli import spark_settings as ss
 
 PRESET = ss.preset_settings("local[2]", "app", {"spark.driver.memory": "3g",
                                                  "spark.sql.shuffle.partitions": 4})

@@ -4,8 +4,8 @@ import json
 import logging
 import sys
 
-from sparkddl import preset
-from sparkddl.job import spark_session
+from sparkddl.cli import preset
+from sparkddl.cli.job import spark_session
 
 logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(levelname)s %(message)s")
 spark = spark_session(preset.load(sys.argv[1], [a for a in sys.argv[2:] if a != "--set"]))

@@ -7,13 +7,13 @@ import time
 from dataclasses import asdict
 from typing import Any
 
-from sparkddl import spark_settings
+from sparkddl.cli import spark_settings
 from sparkddl.session import is_connect
 from sparkddl.launch.inputs import prepare_data
 from sparkddl.errors import ConfigError, StoreError
-from sparkddl.preset import JobConfig, redacted
+from sparkddl.cli.preset import JobConfig, redacted
 from sparkddl.problems import Problem
-from sparkddl.sources import holdout_split, load_source
+from sparkddl.cli.sources import holdout_split, load_source
 from sparkddl.store import Store
 
 log = logging.getLogger(__name__)
@@ -22,7 +22,7 @@ log = logging.getLogger(__name__)
 def spark_session(cfg: JobConfig) -> Any:
     """The session for a job. Settings from spark-submit (or PYSPARK_SUBMIT_ARGS) and
     spark-defaults.conf win; the preset only fills in what is unset (the master and JVM-level
-    settings included), see :mod:`sparkddl.spark_settings`."""
+    settings included), see :mod:`sparkddl.cli.spark_settings`."""
     spark = spark_settings.session(cfg.spark.master, cfg.spark.app_name, cfg.spark.conf)
     if is_connect(spark):
         print(f"spark connect session, master: {spark.conf.get('spark.master', '?')}")
@@ -148,7 +148,7 @@ def output_store(cfg: JobConfig) -> Store:
 
 
 def save_run(out: Store, model: Any, cfg: JobConfig) -> dict[str, str]:
-    from sparkddl.plotting import plot_history
+    from sparkddl.cli.plotting import plot_history
 
     model_url = out.url(model.run_id, "model")
     model.write().overwrite().save(out.spark_url(model.run_id, "model"))  # s3 -> s3a etc.

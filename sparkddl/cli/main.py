@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.debug else logging.WARNING,
                         format="%(levelname)s %(name)s: %(message)s")
     try:
-        from sparkddl import job, preset
+        from sparkddl.cli import job, preset
         cfg = preset.load(resolve_preset(args.preset), args.overrides)
         if args.command == "prepare":
             job.run_prepare(cfg)
