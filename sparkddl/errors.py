@@ -77,7 +77,8 @@ class RankFailure:
     location: str = ""
 
     def raised(self, kind: type[BaseException]) -> bool:
-        """Whether the rank failed with ``kind`` (or a subclass reported by its name)."""
+        """Whether the rank failed with exactly ``kind``: by class where the rank reported it,
+        else by the message's first word."""
         if self.exception:
             return self.exception == f"{kind.__module__}.{kind.__qualname__}"
         return self.message.startswith(f"{kind.__name__}:")

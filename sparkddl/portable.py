@@ -133,18 +133,13 @@ def column(series: Any, shape: Any) -> Any:
     name = getattr(series, "name", None)
     values = series.to_numpy()
     if values.dtype == object:  # arrays per row (a null scalar is NaN: it predicts NaN)
-        nulls = int(series.isna().sum())
-        if nulls:
-            raise ValueError(f"feature column {name!r} has {nulls} null row(s) in a batch of "
-                             f"{len(series)}; drop or fill them first, e.g. "
-                             f"df.na.drop(subset=[{name!r}])")
         rows = [np.asarray(v) for v in values]
-        widths = sorted({r.shape for r in rows})
-        if len(widths) > 1:
-            raise ValueError(f"feature column {name!r} holds rows of different shapes "
-                             f"({', '.join(map(str, widths[:4]))}); every row must have the "
-                             "shape the model was trained on (pad or trim them)")
-        values = np.stack(rows) if rows else np.zeros((0, 1))
+        try:
+            values = np.stack(rows) if rows else np.zeros((0, 1))
+        except ValueError:  # only then look for why: this runs for every batch
+            raise ValueError(_unstackable(series, rows)) from None
+        if values.dtype == object and series.isna().any():  # every row null: they stacked
+            raise ValueError(_unstackable(series, rows))
     arr = np.ascontiguousarray(values, dtype=np.float32)
     if not shape:
         return arr
@@ -153,6 +148,19 @@ def column(series: Any, shape: Any) -> Any:
         raise ValueError(f"feature column {name!r} has {got} value(s) per row; the model "
                          f"takes {want} (shape {list(shape)}), as it was trained on")
     return arr.reshape((len(arr), *shape))
+
+
+def _unstackable(series: Any, rows: list[Any]) -> str:
+    """Why a feature column's rows do not stack into one array: nulls, or ragged rows."""
+    name = getattr(series, "name", None)
+    nulls = int(series.isna().sum())
+    if nulls:
+        return (f"feature column {name!r} has {nulls} null row(s) in a batch of "
+                f"{len(series)}; drop or fill them first, e.g. df.na.drop(subset=[{name!r}])")
+    shapes = sorted({r.shape for r in rows})
+    return (f"feature column {name!r} holds rows of different shapes "
+            f"({', '.join(map(str, shapes[:4]))}); every row must have the shape the model "
+            "was trained on (pad or trim them)")
 
 
 def outputs(kind: str, out: Any) -> dict[str, Any]:

@@ -272,8 +272,9 @@ def _record_run(store: Store, run_id: str, data: PreparedData, config: TrainConf
             raise ValueError(f"a JSON {type(previous).__name__}, not an object")
     except ValueError as exc:  # json.JSONDecodeError, UnicodeDecodeError
         raise CheckpointError(f"run {run_id}: {url} is not the JSON sparkddl writes ({exc}), so "
-                              "the run cannot be checked for resuming; delete the file to resume "
-                              "as written, or leave runId unset to start a new run") from None
+                              "the run cannot be checked for resuming; delete that file (this "
+                              "fit then records its setup again and resumes from the run's "
+                              "checkpoints), or leave runId unset to start a new run") from None
     changed = {k: (previous.get(k), v) for k, v in layout.items() if previous.get(k) != v}
     if changed:
         what = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items())

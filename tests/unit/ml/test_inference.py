@@ -65,6 +65,8 @@ def test_feature_rows_that_cannot_feed_the_model_are_named_with_the_fix():
     with pytest.raises(ValueError,
                        match=r"'pixels' has 1 null row.*na\.drop\(subset=\['pixels'\]\)"):
         column(rows, None)
+    with pytest.raises(ValueError, match=r"'pixels' has 2 null row\(s\) in a batch of 2"):
+        column(pd.Series([None, None], name="pixels", dtype=object), None)
     ragged = pd.Series([np.ones(4), np.ones(3)], name="pixels")
     with pytest.raises(ValueError,
                        match=r"'pixels' holds rows of different shapes \(\(3,\), \(4,\)\)"):
