@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
-from sparkddl.standalone import spark_home
+from sparkddl.session.standalone import spark_home
 
 START_TIMEOUT_S = 90.0
 _MASTER = re.compile(r"Starting Spark master at (spark://[\w.:-]+)")

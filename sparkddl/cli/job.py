@@ -8,7 +8,7 @@ from dataclasses import asdict
 from typing import Any
 
 from sparkddl.cli import spark_settings
-from sparkddl.session import is_connect
+from sparkddl.session import cluster_context
 from sparkddl.launch.inputs import prepare_data
 from sparkddl.errors import ConfigError, StoreError
 from sparkddl.cli.preset import JobConfig, redacted
@@ -24,11 +24,9 @@ def spark_session(cfg: JobConfig) -> Any:
     spark-defaults.conf win; the preset only fills in what is unset (the master and JVM-level
     settings included), see :mod:`sparkddl.cli.spark_settings`."""
     spark = spark_settings.session(cfg.spark.master, cfg.spark.app_name, cfg.spark.conf)
-    if is_connect(spark):
-        print(f"spark connect session, master: {spark.conf.get('spark.master', '?')}")
-        return spark
-    spark.sparkContext.setLogLevel("ERROR")
-    print(f"spark master: {spark.sparkContext.master}")
+    context = cluster_context(spark)
+    context.set_log_level("ERROR")
+    print(f"{context.label} master: {context.master or '?'}")
     return spark
 
 

@@ -29,7 +29,7 @@ from sparkddl.data.memory import heap_errors, row_group_bytes
 from sparkddl.data.plan import check_enough_rows, list_row_groups
 from sparkddl.data.schema import ColumnSpec, DataSpec, check_columns, column_spec, spark_kind
 from sparkddl.errors import DataError
-from sparkddl.session import cluster_context, is_connect
+from sparkddl.session import cluster_context
 from sparkddl.store import Store
 
 log = logging.getLogger(__name__)
@@ -293,9 +293,9 @@ def _write(selected: Any, columns: tuple[ColumnSpec, ...], store: Store, key: st
     files = max(min_groups, math.ceil(total_bytes / FILE_BYTES))
     parts = f"parts-{uuid.uuid4().hex[:8]}"  # a concurrent writer of the same data gets its own
     root = store.data_url(key, parts)
-    if is_connect(selected.sparkSession):  # no RDD to count: coalescing never adds files
-        selected = selected.coalesce(files)
-    elif selected.rdd.getNumPartitions() > 2 * files:  # many small partitions: fewer files
+    partitions = cluster_context(selected.sparkSession).partitions(selected)
+    # many small partitions: fewer files; unknown (Connect): coalescing never adds files
+    if partitions is None or partitions > 2 * files:
         selected = selected.coalesce(files)
     reports = selected.mapInArrow(
         functools.partial(write_partition, columns, store, root, group_rows),

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any
 
 from sparkddl.errors import ConfigError, DataError
-from sparkddl.exported import InputSpec
+from sparkddl.export.program import InputSpec
 from sparkddl.problems import Problem
 from sparkddl.train.steps import LossFn
 

@@ -12,7 +12,7 @@ from sparkddl.data import DataSpec, PreparedData, prepare
 from sparkddl.data.local import read_rows
 from sparkddl.data.plan import ShardPlan
 from sparkddl.errors import ConfigError
-from sparkddl.exported import input_specs
+from sparkddl.export.program import input_specs
 from sparkddl.launch.checks import ProblemInfo, check_finite, check_sample
 from sparkddl.store import Store
 from sparkddl.train.components import (OptimizerRecipe, build_module, check_optimizer,

@@ -8,13 +8,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from sparkddl.session import is_connect
 
 # how Spark words a cancelled job (classic) or an interrupted operation (Connect)
 _CANCEL_MARKERS = ("SPARK_JOB_CANCELLED", "OPERATION_CANCELED", "cancelled part of",
                    "cancellation of all jobs", "cancelled because", "was cancelled",
                    "INTERRUPTED")
-_GROUP_KEYS = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
 
 
 def new_tag(run_id: str) -> str:
@@ -37,21 +35,12 @@ class CallerScope:
     @classmethod
     def capture(cls, sc: Any) -> "CallerScope":
         """Call in the caller's thread."""
-        if is_connect(sc):
-            return cls((), frozenset(sc.getJobTags()))
-        group = tuple(sc.getLocalProperty(k) for k in _GROUP_KEYS)
-        return cls(group, frozenset(sc.getJobTags()))
+        return cls(sc.job_group(), frozenset(sc.getJobTags()))
 
     def enter(self, sc: Any, tag: str, description: str) -> None:
         """In the stage's thread: the caller's group (or a description of our own) and tags,
         plus ``tag``, which sparkddl cancels by."""
-        if not is_connect(sc):
-            group_id = self.group[0] if self.group else None
-            if group_id:
-                sc.setJobGroup(group_id, self.group[1] or description, interruptOnCancel=True)
-            else:
-                sc.setJobDescription(description)
-                sc.setInterruptOnCancel(True)
+        sc.enter_group(self.group, description)
         for t in self.tags | {tag}:
             sc.addJobTag(t)
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from sparkddl.errors import ClusterError, ConfigError
-from sparkddl.session import is_connect
-from sparkddl.session.masters import local_cluster, master_slots
+from sparkddl.session import ClassicContext
+from sparkddl.session.masters import local_cluster
 
 log = logging.getLogger(__name__)
 
@@ -154,23 +154,21 @@ def training_profile(sc: Any, stage: GpuStage | None) -> Any:
 
 
 def task_slots(sc: Any, profile: Any = None) -> int:
-    """How many tasks the cluster can run at once under ``profile`` (a registered pyspark
-    ResourceProfile; None: the default one). Cores and, when asked for, GPUs both count."""
-    jsc = sc._jsc.sc()
-    java = (profile._java_resource_profile if profile is not None
-            else jsc.resourceProfileManager().defaultResourceProfile())
-    return int(jsc.maxNumConcurrentTasks(java))
+    """How many tasks a classic cluster can run at once under ``profile`` (a registered
+    pyspark ResourceProfile; None: the default one). Cores and, when asked for, GPUs both
+    count."""
+    return int(ClassicContext(getattr(sc, "sc", sc)).task_slots(profile) or 0)
 
 
 def available_workers(sc: Any, wanted: int | None = None, profile: Any = None) -> int:
     """Every task slot (or ``wanted``, if fewer); a ClusterError when there is none yet."""
-    if is_connect(sc):
-        slots = master_slots(sc.master)
+    slots = sc.task_slots(profile)
+    if slots is None:
+        slots = sc.named_slots()
         if slots is None:
             raise ClusterError(f"on Spark Connect the client cannot count the task slots of "
                                f"{sc.master or 'the cluster'}; pass num_workers")
         return slots if wanted is None else min(wanted, slots)
-    slots = task_slots(sc, profile)
     if slots < 1:
         raise ClusterError(f"the cluster ({sc.master}) has no task slots yet (no executor "
                            "has registered); wait for executors or pass num_workers")
@@ -199,20 +197,20 @@ def check_slots(sc: Any, num_workers: int, wait_s: float = EXECUTOR_WAIT_S,
     Executors may still be registering: wait up to ``wait_s`` for more slots, but not once
     every executor the application will have (``local-cluster[N,..]``,
     ``spark.executor.instances``) has registered."""
-    if is_connect(sc):  # what the master's name tells, if anything
-        slots = master_slots(sc.master)
+    slots = sc.task_slots(profile)
+    if slots is None:  # a client that cannot count: what the master's name tells, if anything
+        slots = sc.named_slots()
         if slots is not None and slots < num_workers:
             raise ClusterError(f"num_workers={num_workers} but the cluster has {slots} task "
                                f"slots in all ({sc.master}); lower num_workers")
         return slots or num_workers
-    slots = task_slots(sc, profile)
     deadline = time.monotonic() + (0.0 if is_local_master(sc.master) else wait_s)
     expected = expected_executors(dict(sc.getConf().getAll()), sc.master)
     while slots < num_workers and time.monotonic() < deadline:
         if expected is not None and registered_executors(sc) >= expected:
             break
         time.sleep(0.5)
-        slots = task_slots(sc, profile)
+        slots = sc.task_slots(profile)
     if slots < num_workers:
         if profile is not None:
             raise ClusterError(
@@ -233,7 +231,7 @@ def cluster_gpu_stage(sc: Any, use_gpu: bool) -> GpuStage | None:
 def stage_profile(sc: Any, use_gpu: bool) -> Any:
     """The resource profile the training stage is launched with (None: the default; always
     on Spark Connect, whose DataFrame stages take the session's task resources)."""
-    if is_connect(sc):
+    if not sc.stage_profiles:  # Connect's DataFrame stages take the session's resources
         return None
     return training_profile(sc, cluster_gpu_stage(sc, use_gpu))
 
@@ -241,9 +239,9 @@ def stage_profile(sc: Any, use_gpu: bool) -> Any:
 def check_cluster(sc: Any, num_workers: int, use_gpu: bool) -> None:
     """Every check that needs the cluster; says in one line how the ranks get GPUs."""
     check_dynamic_allocation(dict(sc.getConf().getAll()), sc.master)
-    if is_connect(sc):  # what the session's conf and master's name tell
+    if sc.task_slots() is None:  # what the session's conf and master's name tell
         check_gpu_conf(dict(sc.getConf().getAll()), use_gpu)
-        slots = master_slots(sc.master)
+        slots = sc.named_slots()
         if slots is not None and slots < num_workers:
             raise ClusterError(f"num_workers={num_workers} but the cluster has {slots} task "
                                f"slots in all ({sc.master}); lower num_workers")

@@ -9,7 +9,6 @@ from typing import Any
 
 from sparkddl.errors import ClusterError, RankFailure
 from sparkddl.launch import preflight
-from sparkddl.session import is_connect
 
 log = logging.getLogger(__name__)
 
@@ -21,14 +20,13 @@ def forget_lost_executors(sc: Any, failures: list[RankFailure]) -> None:
     """Ask Spark to stop offering the executors of lost ranks (and to replace them): until
     its own heartbeats time out (a minute or more) it would schedule the next attempt's
     tasks there, where they never start."""
-    if is_connect(sc):
-        return
     for f in failures:
         executor = str(f.status.get("executor") or "") if f.status.get("lost") else ""
         if not executor:
             continue
         try:
-            sc._jsc.sc().killAndReplaceExecutor(executor)
+            if not sc.replace_executor(executor):
+                continue  # a client that cannot ask (Spark Connect)
             log.warning("asked Spark to replace executor %s (rank %d at %s was lost)",
                         executor, f.rank, f.host)
         except Exception as exc:  # noqa: BLE001 - a cluster manager that cannot kill
@@ -39,19 +37,19 @@ def world_after_failure(sc: Any, want: int, least: int, wait_s: float, use_gpu: 
                         failures: list[RankFailure]) -> int:
     """The number of ranks for the next attempt: ``want`` once that many task slots are
     free (waiting at most ``wait_s``), else the free slots if at least ``least``."""
-    if is_connect(sc):
+    if sc.task_slots() is None:
         return want  # the client cannot count slots: Spark waits for them itself
     profile = preflight.stage_profile(sc, use_gpu)
     started = time.monotonic()
     said = started
-    slots = preflight.task_slots(sc, profile)
+    slots = sc.task_slots(profile)
     while slots < want and time.monotonic() - started < wait_s:
         if time.monotonic() - said >= WAIT_LOG_EVERY_S:
             said = time.monotonic()
             log.warning("waiting for %d task slots to relaunch (%d free, %.0fs of %gs "
                         "slotWaitTimeout)", want, slots, said - started, wait_s)
         time.sleep(POLL_S)
-        slots = preflight.task_slots(sc, profile)
+        slots = sc.task_slots(profile)
     if slots >= want:
         return want
     if slots >= least:
@@ -68,10 +66,9 @@ def world_after_failure(sc: Any, want: int, least: int, wait_s: float, use_gpu: 
 def slots_back(sc: Any, want: int, use_gpu: bool) -> bool:
     """Whether the cluster has ``want`` task slots in all again (an elastic fit's ranks hold
     some of them)."""
-    if is_connect(sc):
-        return False  # the client cannot count them
     try:
-        return preflight.task_slots(sc, preflight.stage_profile(sc, use_gpu)) >= want
+        slots = sc.task_slots(preflight.stage_profile(sc, use_gpu))
+        return slots is not None and slots >= want  # None: the client cannot count them
     except Exception as exc:  # noqa: BLE001 - asked from a channel thread; never fatal
         log.debug("could not count task slots: %s", exc)
         return False

@@ -13,7 +13,7 @@ from sparkddl.channel.server import DriverChannel, Message
 from sparkddl.errors import JobCancelledError, TrainingFailedError
 from sparkddl.launch.jobs import CallerScope, is_cancellation, new_tag
 from sparkddl.launch.monitor import HEARTBEAT_LOST_S, Handlers, StageMonitor, ordered_failures
-from sparkddl.session import channel_host, is_connect
+from sparkddl.session import cluster_context
 from sparkddl.session.masters import missing_module, missing_module_reason
 from sparkddl.task.bootstrap import barrier_entry
 from sparkddl.task.spec import TaskSpec
@@ -73,13 +73,7 @@ class _Job(threading.Thread):
             self.wake.set()
 
     def _collect(self, entry: Any) -> list[bytes]:
-        n = self.spec.num_workers
-        if is_connect(self.sc):  # Spark Connect: the DataFrame API
-            return self.sc.run_barrier(entry, n)
-        rdd = self.sc.parallelize(range(n), n)
-        if self.profile is not None:  # this stage alone asks for GPUs
-            rdd = rdd.withResources(self.profile)
-        return rdd.barrier().mapPartitions(entry).collect()
+        return self.sc.run_barrier(entry, self.spec.num_workers, self.profile)
 
 
 def run_stage(sc: Any, make_spec: SpecFactory, timeout_s: float | None = None,
@@ -93,20 +87,15 @@ def run_stage(sc: Any, make_spec: SpecFactory, timeout_s: float | None = None,
     stage is cancelled first so no rank is left blocked in a collective.
     """
     monitor = StageMonitor(handlers)
-    connect = is_connect(sc)
-    if connect:  # the client's own address: the server's driver host is not this process
-        host, bind = channel_host(sc.spark)
-    else:
-        conf = sc.getConf()
-        host = conf.get("spark.driver.host", "")
-        bind = conf.get("spark.driver.bindAddress", host)
+    sc = cluster_context(sc)
+    host, bind = sc.channel_addresses()
     with DriverChannel(monitor.handle, bind_host=bind or "0.0.0.0",
                        advertise_host=host) as channel:
         monitor.broadcast = channel.send_to_ranks
         OPEN_CHANNELS.add(channel)
         try:
             spec = make_spec(channel)
-            why = sc.unreachable(channel.host, channel.port) if connect else ""
+            why = sc.unreachable(channel.host, channel.port)
             if why:
                 _say_offline(sc, why)
                 spec, watchdog_s = dataclasses.replace(spec, offline=True), None

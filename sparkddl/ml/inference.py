@@ -11,18 +11,10 @@ import pandas as pd  # module level: pandas_udf resolves the type hints below ag
 
 from sparkddl.checkpoint.safe import load_plain
 from sparkddl.errors import ConfigError
-from sparkddl.portable import column, outputs
+from sparkddl.export.portable import column, outputs
 
 _models: dict[str, Any] = {}
 _lock = threading.Lock()
-
-
-@dataclass(frozen=True)
-class Inline:
-    """Stands in for a Broadcast where there are none (Spark Connect): ``.value`` travels
-    with the function that holds it."""
-
-    value: Any
 
 
 @dataclass(frozen=True)
@@ -33,7 +25,7 @@ class ModelPayload:
     architecture: dict[str, Any]
     pickled_factory: bytes
     weights: bytes
-    program: Any = None  # sparkddl.exported.Program: run it, no model code needed
+    program: Any = None  # sparkddl.export.program.Program: run it, no model code needed
     transform: bytes = b""  # the pickled transformFn (the application's own), if any
     # feature column -> how training decoded it (ColumnSpec JSON), for the transformFn's input
     columns: Any = None
@@ -54,7 +46,7 @@ class ModelPayload:
             if key not in _models:
                 state = load_plain(self.weights, "the model's weights shipped by the driver")
                 if self.program is not None:
-                    from sparkddl.exported import load
+                    from sparkddl.export.program import load
                     module = load(self.program, state, device)
                 else:
                     from sparkddl.ml.architecture import rebuild, trusted_loading

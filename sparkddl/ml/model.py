@@ -7,16 +7,16 @@ from typing import Any, Callable
 from pyspark.ml import Model
 from pyspark.ml.util import MLReadable, MLWritable, MLWriter
 
-from sparkddl import exported
+from sparkddl.export import program as exported
 from sparkddl.config import TrainConfig
 from sparkddl.errors import ConfigError, DataError
 from sparkddl.ml import architecture
 from sparkddl.ml._params import HasTorchModelParams
-from sparkddl.ml.inference import (Inline, ModelPayload, check_device, exported_eval,
+from sparkddl.ml.inference import (ModelPayload, check_device, exported_eval,
                                    udf_function)
 from sparkddl.ml.persistence import ModelReader, ModelWriter
 from sparkddl.problems import Problem
-from sparkddl.session import is_connect
+from sparkddl.session import cluster_context
 
 
 class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
@@ -137,10 +137,8 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
             else:
                 col = col.cast("float")
             inputs.append(col.alias(name))
-        session = dataset.sparkSession
-        # Spark Connect has no broadcasts: the weights travel inside the UDF itself
-        payload = (Inline(self._payload()) if is_connect(session)
-                   else session.sparkContext.broadcast(self._payload()))
+        # a broadcast; on Spark Connect, which has none, the weights travel inside the UDF
+        payload = cluster_context(dataset.sparkSession).ship(self._payload())
         shapes = {} if self._transform_fn is not None else \
             {k: list(v) for k, v in self.getOrDefault(self.featureShapes).items()}
         fn = udf_function(payload, features, self.task,

@@ -10,11 +10,11 @@ from typing import Any
 
 from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
 
-from sparkddl import exported
+from sparkddl.export import program as exported
 from sparkddl.checkpoint.safe import load_plain
 from sparkddl.errors import SparkDDLError, StoreError, UntrustedArtifactError
 from sparkddl.ml import architecture
-from sparkddl.session import is_connect
+from sparkddl.session import cluster_context
 from sparkddl.store import Store
 from sparkddl.train.components import model_factory
 
@@ -59,7 +59,7 @@ def _saved(store: Store, name: str, path: str) -> bytes:
 def _qualified(spark: Any, path: str) -> Store:
     """The Store for ``path`` as Spark's Hadoop filesystem resolves it (default FS included);
     on Spark Connect, as this client sees it (there is no JVM here to ask)."""
-    if is_connect(spark):
+    if not cluster_context(spark).has_jvm:
         return Store.from_uri(path)
     jvm = spark.sparkContext._jvm
     jpath = jvm.org.apache.hadoop.fs.Path(path)
@@ -74,7 +74,7 @@ class ModelWriter(MLWriter):
 
     def _handleOverwrite(self, path: str) -> None:  # noqa: N802 - MLWriter's name
         """pyspark asks the JVM to clear the folder; a Connect client has none here."""
-        if not is_connect(self.sparkSession):
+        if cluster_context(self.sparkSession).has_jvm:
             super()._handleOverwrite(path)
             return
         store = Store.from_uri(path)

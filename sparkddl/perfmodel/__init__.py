@@ -14,6 +14,7 @@ from sparkddl.launch.launcher import launch_ranks, new_run_id
 from sparkddl.perfmodel import memory
 from sparkddl.perfmodel.calibrate import Candidate, calibrate
 from sparkddl.perfmodel.predict import Model, Prediction
+from sparkddl.session import cluster_context
 from sparkddl.store import Store
 from sparkddl.train.components import model_factory, optimizer_recipe, resolve_loss
 from sparkddl.train.spec import TrainSpec
@@ -46,7 +47,7 @@ def run_calibration(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any,
                     config: TrainConfig, calibration_workers: int = 2,
                     candidates: tuple[Candidate, ...] = CANDIDATES) -> tuple[dict, int]:
     """One short barrier stage; returns the measurements and the training rows."""
-    sc = spark.sparkContext
+    sc = cluster_context(spark)
     preflight.check_num_workers(calibration_workers)
     workers = preflight.available_workers(sc, calibration_workers)
     preflight.check_cluster(sc, workers, config.use_gpu)

@@ -19,6 +19,7 @@ import socket
 from typing import Any, Iterable, Iterator
 
 from sparkddl.errors import ClusterError
+from sparkddl.session.cluster import ClassicContext, Inline
 from sparkddl.session.masters import master_slots, missing_module, missing_module_reason
 
 REACHABLE_KEY = "spark.sparkddl.channel.reachable"  # "false": do not even try
@@ -36,9 +37,13 @@ def is_connect(spark: Any) -> bool:
 
 class ConnectContext:
     """What the launch path asks of a SparkContext, answered for a Connect session: the
-    master and the conf (read through the session), the stage and its cancellation."""
+    master and the conf (read through the session), the stage and its cancellation; the
+    cluster questions of :mod:`sparkddl.session.cluster`, as far as a client can answer."""
 
     is_connect = True
+    has_jvm = False
+    stage_profiles = False
+    label = "spark connect session"
 
     def __init__(self, spark: Any):
         self.spark = spark
@@ -52,9 +57,38 @@ class ConnectContext:
         return master_slots(self.master) or int(self.getConf().get(
             "spark.default.parallelism", "2"))
 
-    def run_barrier(self, entry: Any, num_workers: int) -> list[bytes]:
+    def task_slots(self, profile: Any = None) -> int | None:
+        return None  # the client cannot count them: Spark waits for them itself
+
+    def named_slots(self) -> int | None:
+        return master_slots(self.master)
+
+    def replace_executor(self, executor: str) -> bool:
+        return False  # no SparkContext to ask
+
+    def job_group(self) -> tuple[str | None, ...]:
+        return ()  # job groups are a SparkContext's; Connect has tags only
+
+    def enter_group(self, group: tuple[str | None, ...], description: str) -> None:
+        pass
+
+    def channel_addresses(self) -> tuple[str, str]:
+        """The client's own address: the server's driver host is not this process."""
+        return channel_host(self.spark)
+
+    def ship(self, value: Any) -> Any:
+        return Inline(value)  # no broadcasts: the value travels inside the function
+
+    def partitions(self, df: Any) -> int | None:
+        return None  # no RDD to ask
+
+    def set_log_level(self, level: str) -> None:
+        pass  # the server's logs are the server's
+
+    def run_barrier(self, entry: Any, num_workers: int, profile: Any = None) -> list[bytes]:
         """Run ``entry(rows) -> iterator of bytes`` as a barrier stage of ``num_workers``
-        tasks (under this thread's tags); what each task yielded, in rank order."""
+        tasks (under this thread's tags); what each task yielded, in rank order. ``profile``
+        is always None here (no stage_profiles)."""
         rows = (self.spark.range(0, num_workers, 1, num_workers)
                 .mapInArrow(functools.partial(_arrow_entry, entry), RESULT_SCHEMA,
                             barrier=True)
@@ -154,5 +188,11 @@ def _probe(host: str, port: int, batches: Iterable[Any]) -> Iterator[Any]:
 
 
 def cluster_context(spark: Any) -> Any:
-    """A classic session's SparkContext, or a ConnectContext for a Connect session."""
-    return ConnectContext(spark) if is_connect(spark) else spark.sparkContext
+    """A ClassicContext around a classic session's SparkContext, or a ConnectContext for a
+    Connect session (a context already made is returned as it is)."""
+    if isinstance(spark, (ConnectContext, ClassicContext)):
+        return spark
+    if is_connect(spark):
+        return ConnectContext(spark)
+    sc = getattr(spark, "sparkContext", spark)  # a session, or a SparkContext already
+    return ClassicContext(sc)

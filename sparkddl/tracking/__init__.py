@@ -12,7 +12,7 @@ already gets each further fit as a child run (a loop over settings). What is log
 - at the end, the model (:func:`log_model`): an MLflow model whose ``pytorch`` flavor is the
   torch.export program (``mlflow.pytorch.load_model`` gives a module, with no unpickling, but
   through ``torch.export.load``, which runs what a tampered program's guards say) and whose
-  ``python_function`` flavor runs that program with :mod:`sparkddl.portable` (which checks it
+  ``python_function`` flavor runs that program with :mod:`sparkddl.export.portable` (which checks it
   first), so ``mlflow.pyfunc.load_model(uri).predict(df)`` returns what
   ``TorchModel.transform`` predicts, where only mlflow and torch are installed.
 

@@ -1,5 +1,5 @@
 """The MLflow model a fit logs: a ``pytorch`` flavor in torch.export's format and a
-``python_function`` flavor that runs the program with a copy of :mod:`sparkddl.portable`
+``python_function`` flavor that runs the program with a copy of :mod:`sparkddl.export.portable`
 (which checks it first), so pyfunc predicts where only mlflow and torch are installed."""
 from __future__ import annotations
 
@@ -61,7 +61,7 @@ def save_model(path: str, mlflow_model: Any, model: Any, signature: Any,
     import pandas as pd
     import torch
 
-    from sparkddl import portable
+    from sparkddl.export import portable
     program = model.program()
     reqs = [f"torch=={torch.__version__.split('+')[0]}", f"numpy=={np.__version__}",
             f"pandas=={pd.__version__}"]
@@ -108,7 +108,7 @@ def save_model(path: str, mlflow_model: Any, model: Any, signature: Any,
         return
     # the pytorch flavor: the same program in torch.export's own format, which
     # mlflow.pytorch.load_model reads after checking it holds no pickles
-    from sparkddl.exported import program_of
+    from sparkddl.export.program import program_of
     os.makedirs(os.path.join(path, "pytorch"))
     torch.export.save(program_of(program, model.state_dict()),
                       os.path.join(path, "pytorch", "model.pt2"))
@@ -131,8 +131,8 @@ def portable_module_name() -> str:
 
 
 def _loader_modules() -> tuple[Any, Any]:
-    """What a logged model's pyfunc runs: sparkddl.portable and the checker it imports."""
-    from sparkddl import portable, program_check
+    """What a logged model's pyfunc runs: sparkddl.export.portable and the checker it imports."""
+    from sparkddl.export import portable, program_check
     return portable, program_check
 
 

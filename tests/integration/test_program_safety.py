@@ -78,7 +78,7 @@ def test_a_tampered_guard_runs_nowhere(digits, mlflow_store, tmp_path):
     (path / "weights.pt").write_bytes(pickle.dumps(_Payload(marker)))
     with pytest.raises(UntrustedArtifactError, match=r"m/weights\.pt holds objects other"):
         TorchModel.load(str(path), trusted=True)
-    # the logged MLflow model: its pyfunc runs the copy of sparkddl.portable it holds
+    # the logged MLflow model: its pyfunc runs the copy of sparkddl.export.portable it holds
     [logged] = list((tmp_path / "artifacts").glob("**/sparkddl/program.json"))
     logged.write_bytes(_with_guard(logged.read_bytes(), guard))
     with pytest.raises(ValueError, match=r"program\.json: guards_code\[0\]") as info:

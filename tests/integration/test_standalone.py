@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from sparkddl.standalone import StandaloneCluster
+from sparkddl.session.standalone import StandaloneCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 SUBMIT_TIMEOUT_S = 300

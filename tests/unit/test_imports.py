@@ -68,7 +68,7 @@ def test_the_schema_imports_nothing_it_configures():
 # the Estimator or the job/CLI modules; Spark sessions are told apart in sparkddl.session,
 # below them all
 LOWER = ("sparkddl.data", "sparkddl.train", "sparkddl.task", "sparkddl.strategies",
-         "sparkddl.channel", "sparkddl.session")
+         "sparkddl.channel", "sparkddl.session", "sparkddl.export")
 UPPER = ("sparkddl.launch", "sparkddl.ml", "sparkddl.cli", "sparkddl.tracking",
          "sparkddl.distributor")
 
@@ -95,3 +95,25 @@ def test_sessions_are_told_apart_only_in_the_session_package():
 def test_the_session_package_stands_on_nothing_but_the_errors():
     session = {m: t for m, t in imports().items() if m.startswith("sparkddl.session")}
     assert set().union(*session.values()) - set(session) <= {"sparkddl.errors"}
+
+
+def test_the_top_level_holds_the_public_surface_only():
+    """Features live in wings (subpackages); the top level keeps at most eight modules."""
+    top = sorted(p.stem for p in PACKAGE.glob("*.py"))
+    assert top == ["__init__", "config", "distributor", "errors", "models", "problems",
+                   "transforms"]
+
+
+def test_the_code_copied_into_logged_models_imports_nothing_from_sparkddl():
+    graph = imports()
+    assert graph["sparkddl.export.portable"] <= {"sparkddl.export.program_check"}
+    assert graph["sparkddl.export.program_check"] == set()
+
+
+def test_the_rest_asks_the_session_seam_instead_of_branching_on_the_kind():
+    """Outside sparkddl.session nothing asks whether a session is Spark Connect: the
+    contexts of sparkddl.session.cluster answer the questions themselves."""
+    offenders = [str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                 if not module_name(p).startswith("sparkddl.session")
+                 and "is_connect" in p.read_text(encoding="utf-8")]
+    assert offenders == []

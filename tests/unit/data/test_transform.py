@@ -116,7 +116,7 @@ def test_review_fixes_null_elements_reader_choice_and_saved_functions():
     assert rebuild_function({"kind": "import", "target": "sparkddl.transforms:decode_images"},
                             lambda: b"", "here") is decode_images
     for target in ("sparkddl.store.store:os.system", "sparkddl.transforms:np.save",
-                   "sparkddl.standalone:subprocess.check_call"):
+                   "sparkddl.session.standalone:subprocess.check_call"):
         with pytest.raises(SparkDDLError, match="loading it runs that code"):
             rebuild_function({"kind": "import", "target": target}, lambda: b"", "here")
     # transform's input at inference is decoded as in training: featureShapes, ragged ints

@@ -60,7 +60,7 @@ def test_on_cuda_the_predictions_match_the_cpu():
 
 
 def test_feature_rows_that_cannot_feed_the_model_are_named_with_the_fix():
-    from sparkddl.portable import column
+    from sparkddl.export.portable import column
     rows = pd.Series([np.ones(4), None, np.ones(4)], name="pixels")
     with pytest.raises(ValueError,
                        match=r"'pixels' has 1 null row.*na\.drop\(subset=\['pixels'\]\)"):

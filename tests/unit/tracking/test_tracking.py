@@ -16,13 +16,13 @@ import torch
 
 mlflow = pytest.importorskip("mlflow")  # pinned in all three tested stacks
 
-from sparkddl import exported  # noqa: E402
+from sparkddl.export import program as exported  # noqa: E402
 from sparkddl.errors import ConfigError  # noqa: E402
 from sparkddl.ml.model import TorchModel  # noqa: E402
 from sparkddl.problems import Problem  # noqa: E402
 from sparkddl.launch.restarts import Restart  # noqa: E402
 from sparkddl import tracking  # noqa: E402
-from tests.unit.test_exported import Branchy  # noqa: E402
+from tests.unit.export.test_program import Branchy  # noqa: E402
 
 SPECS = (exported.InputSpec("features", (6,), "float32"),)
 

@@ -4,7 +4,7 @@ pyspark, for tests and local experiments.
     with StandaloneCluster(cores=2) as cluster:
         subprocess.run(["spark-submit", "--master", cluster.master_url, "jobs/train.py"])
 
-``python -m sparkddl.standalone`` runs one in the foreground until interrupted. Ports are
+``python -m sparkddl.session.standalone`` runs one in the foreground until interrupted. Ports are
 chosen by the daemons (port 0) and read back from their logs, so nothing races for a port.
 """
 from __future__ import annotations

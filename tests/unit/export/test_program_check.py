@@ -12,10 +12,10 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from sparkddl import exported
+from sparkddl.export import program as exported
 from sparkddl.errors import SparkDDLError, UntrustedArtifactError
-from sparkddl.program_check import _is_size_expr, _is_treespec
-from tests.unit.program_models import (append, code, exported_model, first_input, graph_of,
+from sparkddl.export.program_check import _is_size_expr, _is_treespec
+from tests.unit.export.program_models import (append, code, exported_model, first_input, graph_of,
                                        load_as_read, put, root_call, tampered)
 
 

@@ -1,5 +1,5 @@
 """Models of the kinds sparkddl trains, exported as sparkddl exports them, and helpers to
-tamper with their programs (tests/unit/test_program_check.py, test_program_safety.py)."""
+tamper with their programs (tests/unit/export/test_program_check.py, test_program_safety.py)."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 import torch
 
-from sparkddl import exported
+from sparkddl.export import program as exported
 from sparkddl.models import CNN, MLP
 
 nn = torch.nn

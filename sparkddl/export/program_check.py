@@ -6,7 +6,7 @@ are looked up by name, and names and treespecs end up in generated Python. So th
 be what sparkddl's export writes (torch 2.4 to 2.13), field by field; torch then reads it
 written again, with node metadata (text torch would parse) and the batch guards left out.
 
-Like :mod:`sparkddl.portable`, which uses it, this module imports nothing from sparkddl: an
+Like :mod:`sparkddl.export.portable`, which uses it, this module imports nothing from sparkddl: an
 MLflow model holds a copy of both (``code/sparkddl_program_check_<hash>.py``).
 """
 from __future__ import annotations

@@ -8,7 +8,7 @@ import re
 import pytest
 import torch
 
-from sparkddl import exported
+from sparkddl.export import program as exported
 from sparkddl.store import Store
 
 SPECS = (exported.InputSpec("features", (6,), "float32"),)

@@ -15,11 +15,12 @@ import pandas as pd
 import pytest
 import torch
 
-from sparkddl import exported, portable
+from sparkddl.export import portable
+from sparkddl.export import program as exported
 from sparkddl.errors import SparkDDLError, UntrustedArtifactError
-from sparkddl.program_check import UntrustedProgramError
+from sparkddl.export.program_check import UntrustedProgramError
 from sparkddl.store import Store
-from tests.unit.program_models import (KINDS, Spec, code, exported_model, first_input,
+from tests.unit.export.program_models import (KINDS, Spec, code, exported_model, first_input,
                                        graph_of, inputs_for, load_as_read, nn, put,
                                        tampered)
 

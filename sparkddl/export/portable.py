@@ -2,14 +2,14 @@
 
 This module imports nothing from sparkddl: it is the code executors run in
 ``TorchModel.transform`` (through :mod:`sparkddl.ml.inference`), what ``TorchModel.load``
-uses to rebuild an exported model (through :mod:`sparkddl.exported`), and, copied into an
+uses to rebuild an exported model (through :mod:`sparkddl.export.program`), and, copied into an
 MLflow model as ``code/sparkddl_portable_<hash>.py``, the MLflow ``python_function`` loader, so a
 logged model loads and predicts where sparkddl is not installed.
 
 In an MLflow model its folder ``sparkddl/`` holds ``meta.json`` (inputs, task, output
 columns), the weights and the torch.export program's parts; nothing in it is unpickled, and
 the program's JSON is checked against what sparkddl's export writes before torch reads it
-(:mod:`sparkddl.program_check`): torch's deserializer turns some of its text into code.
+(:mod:`sparkddl.export.program_check`): torch's deserializer turns some of its text into code.
 """
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import json
 import os
 from typing import Any
 
-# sparkddl.program_check; in an MLflow model, the copy beside this one, named alike
+# sparkddl.export.program_check; in an MLflow model, the copy beside this one, named alike
 # (sparkddl_portable_<hash> -> sparkddl_program_check_<hash>, see sparkddl.tracking)
 _check = importlib.import_module(__name__.replace("portable", "program_check"))
 UntrustedProgramError = _check.UntrustedProgramError

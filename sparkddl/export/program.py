@@ -8,7 +8,7 @@ graph as JSON, and the tensors it needs (constants, example inputs) written by
 unpickling when a file does not load with ``weights_only`` (and torch < 2.6 always
 unpickles), so a tampered file would run code. Nor does torch read the graph as it is:
 torch's deserializer compiles or evaluates some of its text, so a program read from a file
-is first checked against what sparkddl writes (:mod:`sparkddl.program_check`) and refused
+is first checked against what sparkddl writes (:mod:`sparkddl.export.program_check`) and refused
 with UntrustedArtifactError otherwise, unless it was read with trusted loading.
 
 A model that cannot be exported (data-dependent control flow, unsupported operations) is
@@ -22,9 +22,9 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 from sparkddl.errors import UntrustedArtifactError
-from sparkddl.portable import (CONSTANTS_FILE, GRAPH_FILE, INPUTS_FILE, UntrustedProgramError,
+from sparkddl.export.portable import (CONSTANTS_FILE, GRAPH_FILE, INPUTS_FILE, UntrustedProgramError,
                                deserialize_program, load_program)
-from sparkddl.program_check import refusal
+from sparkddl.export.program_check import refusal
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,100 @@
+"""What the rest of sparkddl asks of a Spark cluster, answered once per kind of session.
+
+:func:`cluster_context` gives a :class:`ClassicContext` (a SparkContext in this process,
+with its JVM) or a :class:`~sparkddl.session.connect.ConnectContext` (a Spark Connect
+client: no SparkContext, no RDDs, no JVM here). Both answer the same questions, so callers
+ask instead of testing which kind they hold:
+
+- ``task_slots(profile)``: how many tasks can run at once, or None where the client cannot
+  count them (then ``named_slots()``: what the master's name says, if anything);
+- ``stage_profiles``: whether a stage may ask for resources of its own (stage-level
+  scheduling; a Connect client's DataFrame stages take the session's task resources);
+- ``replace_executor(id)``: ask Spark to stop offering an executor and replace it;
+- ``job_group()`` / ``enter_group(group, description)``: the caller's job group, carried
+  onto a stage's thread (job tags work alike on both: ``addJobTag`` and friends);
+- ``run_barrier(entry, n, profile)``: a barrier stage of ``n`` tasks, what each yielded;
+- ``channel_addresses()`` and ``unreachable(host, port)``: where the driver's channel
+  listens, and whether executors can reach it;
+- ``ship(value)``: a value for executors to read (a broadcast, or carried inline);
+- ``partitions(df)``: a DataFrame's partition count, if the client can tell;
+- ``has_jvm``: pyspark's JVM-backed helpers (Hadoop paths, MLWriter's overwrite) work here.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from sparkddl.session.masters import master_slots
+
+
+@dataclass(frozen=True)
+class Inline:
+    """Stands in for a Broadcast where there are none (Spark Connect): ``.value`` travels
+    with the function that holds it."""
+
+    value: Any
+
+
+_GROUP_KEYS = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+
+
+class ClassicContext:
+    """A classic SparkContext with the cluster questions answered; every other attribute is
+    the SparkContext's own."""
+
+    is_connect = False
+    has_jvm = True
+    stage_profiles = True
+    label = "spark"
+
+    def __init__(self, sc: Any):
+        self.sc = sc
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.sc, name)
+
+    def task_slots(self, profile: Any = None) -> int | None:
+        jsc = self.sc._jsc.sc()
+        java = (profile._java_resource_profile if profile is not None
+                else jsc.resourceProfileManager().defaultResourceProfile())
+        return int(jsc.maxNumConcurrentTasks(java))
+
+    def named_slots(self) -> int | None:
+        return master_slots(self.sc.master)
+
+    def replace_executor(self, executor: str) -> bool:
+        return bool(self.sc._jsc.sc().killAndReplaceExecutor(executor))
+
+    def job_group(self) -> tuple[str | None, ...]:
+        return tuple(self.sc.getLocalProperty(k) for k in _GROUP_KEYS)
+
+    def enter_group(self, group: tuple[str | None, ...], description: str) -> None:
+        group_id = group[0] if group else None
+        if group_id:
+            self.sc.setJobGroup(group_id, group[1] or description, interruptOnCancel=True)
+        else:
+            self.sc.setJobDescription(description)
+            self.sc.setInterruptOnCancel(True)
+
+    def run_barrier(self, entry: Any, num_workers: int, profile: Any = None) -> list[bytes]:
+        rdd = self.sc.parallelize(range(num_workers), num_workers)
+        if profile is not None:  # this stage alone asks for GPUs
+            rdd = rdd.withResources(profile)
+        return rdd.barrier().mapPartitions(entry).collect()
+
+    def channel_addresses(self) -> tuple[str, str]:
+        conf = self.sc.getConf()
+        host = conf.get("spark.driver.host", "")
+        return host, conf.get("spark.driver.bindAddress", host)
+
+    def unreachable(self, host: str, port: int) -> str:
+        return ""  # executors reach the driver: Spark itself depends on it
+
+    def ship(self, value: Any) -> Any:
+        return self.sc.broadcast(value)
+
+    def partitions(self, df: Any) -> int | None:
+        return int(df.rdd.getNumPartitions())
+
+    def set_log_level(self, level: str) -> None:
+        self.sc.setLogLevel(level)
