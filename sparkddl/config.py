@@ -76,21 +76,67 @@ def _options(value: Any) -> dict[str, Any]:
     return dict(value or {})
 
 
+def check_validation(value: Any) -> None:
+    """None (or 0): no validation; a fraction strictly between 0 and 1; or a column name."""
+    if value is None or isinstance(value, str) and value:
+        return
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+            not (value == 0 or 0 < value < 1):
+        raise ConfigError(f"validation={value!r} is not allowed: give the fraction of rows to "
+                          "hold out, strictly between 0 and 1 (e.g. 0.2), the name of a "
+                          "boolean/0-1 column marking the validation rows, or None for no "
+                          "validation")
+
+
+def _positive_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
+
+
+def optional_positive_int(name: str, value: Any) -> None:
+    if value is not None:
+        _positive_int(name, value)
+
+
+def positive_seconds(name: str, value: Any) -> None:
+    """None (no limit) or a positive number of seconds."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or value <= 0):
+        raise ConfigError(f"{name} must be positive seconds or unset (None), got {value!r}")
+
+
+def _non_negative_int(name: str, value: Any) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")
+
+
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise ConfigError(f"unknown {name} {value!r}; choose one of {', '.join(choices)}")
+
+
 def option(default: Any, doc: str, *, param: str | None, convert: str | None = None,
            preset: str | None = "train", preset_default: Any = _NO_DEFAULT,
-           preset_type: Any = None, normalize: Any = None, model_param: bool = False) -> Any:
+           preset_type: Any = None, normalize: Any = None, model_param: bool = False,
+           choices: tuple[str, ...] | None = None, check: Any = None) -> Any:
     """A TrainConfig field and everything derived from it, declared once.
 
     ``param``: the Spark ML Param's name (camelCase; None: no Param), ``convert``: the name
-    of its pyspark ``TypeConverters`` function (or of a converter in ``sparkddl.ml.params``);
+    of its pyspark ``TypeConverters`` function (or of a converter in ``sparkddl.ml.param_schema``);
     ``preset``: the preset section holding the key (same snake_case name; None: not a preset
     key), with ``preset_default`` where a job's default differs and ``preset_type`` where
     TOML needs another type (lists for tuples); ``normalize``: turns a Param's or a preset's
-    value into the config's; ``model_param``: the fitted TorchModel has the Param too.
+    value into the config's; ``model_param``: the fitted TorchModel has the Param too;
+    ``choices``: the values allowed, ``check``: ``check(name, value)`` raising a ConfigError
+    (both run when a config is made; the choices also go into the Param's and the preset's
+    docs).
     """
+    if choices:
+        doc = f"{doc} (one of: {', '.join(choices)})"
     meta = {"doc": doc, "param": param, "convert": convert, "preset": preset,
             "preset_default": default if preset_default is _NO_DEFAULT else preset_default,
-            "preset_type": preset_type, "normalize": normalize, "model_param": model_param}
+            "preset_type": preset_type, "normalize": normalize, "model_param": model_param,
+            "choices": choices, "check": check}
     if isinstance(default, (dict, list)):
         return field(default_factory=lambda: type(default)(default), metadata=meta)
     return field(default=default, metadata=meta)
@@ -116,11 +162,12 @@ class TrainConfig:
     sample_weight: str | None = option(
         None, "column of per-row weights: the loss is sum(w * loss_i) / sum(w)",
         param="sampleWeightCol", preset="data")
-    epochs: int = option(10, "passes over the training data", param="epochs", convert="toInt")
+    epochs: int = option(10, "passes over the training data", param="epochs", convert="toInt",
+                         check=_positive_int)
     batch_size: int = option(32, "rows per step on each worker (global batch = batchSize x "
-                             "numWorkers)", param="batchSize", convert="toInt")
+                             "numWorkers)", param="batchSize", convert="toInt", check=_positive_int)
     num_workers: int = option(2, "ranks (barrier tasks) to train with", param="numWorkers",
-                              convert="toInt")
+                              convert="toInt", check=_positive_int)
     validation: float | str | None = option(
         None, "fraction of rows held out for validation, or the name of a boolean/0-1 column "
         "marking them; None: no validation", param="validation", preset="data",
@@ -130,20 +177,20 @@ class TrainConfig:
                         "another fsspec filesystem)", param="store", convert="toString",
                         preset_default="runs/store")
     seed: int = option(0, "seed for initialization, data order and the validation split",
-                       param="seed", convert="toInt", preset="data")
+                       param="seed", convert="toInt", preset="data", check=_non_negative_int)
     snapshot_every: int = option(1, "hand a model snapshot to the driver every N epochs",
-                                 param="snapshotEvery", convert="toInt")
+                                 param="snapshotEvery", convert="toInt", check=_positive_int)
     best_by: str | None = option(
         None, "metric choosing the best snapshot (val_loss, val_accuracy, train_loss, ...); "
         "default val_loss, or train_loss without validation", param="bestBy")
     best_mode: str = option("auto", "min or max: whether a lower or a higher bestBy is better; "
                             "auto: min for losses and errors, max otherwise",
-                            param="bestByMode", convert="toString")
+                            param="bestByMode", convert="toString", choices=MODES)
     early_stopping_patience: int = option(
         0, "stop after this many evaluated snapshots without improvement of bestBy; 0 = never",
-        param="earlyStoppingPatience", convert="toInt")
+        param="earlyStoppingPatience", convert="toInt", check=_non_negative_int)
     final_weights: str = option("best", "weights of the returned model: best or last",
-                                param="finalWeights", convert="toString")
+                                param="finalWeights", convert="toString", choices=FINAL_WEIGHTS)
     learning_rate: float | None = option(
         None, "if set, overrides the optimizer's learning rate", param="learningRate",
         preset=None)  # presets set optimizer.lr
@@ -159,14 +206,15 @@ class TrainConfig:
         param="featureShapes", preset="data", preset_type=dict[str, list[int]],
         normalize=_shapes, model_param=True)
     shuffle_buffer: int = option(10_000, "rows in each worker's shuffle buffer",
-                                 param="shuffleBufferSize", convert="toInt")
+                                 param="shuffleBufferSize", convert="toInt",
+                                 check=_non_negative_int)
     reader_workers: int = option(2, "threads reading Parquet ahead on each worker",
-                                 param="readerWorkers", convert="toInt")
+                                 param="readerWorkers", convert="toInt", check=_positive_int)
     reader_pool: str = option("thread", "how each worker reads ahead: thread (readerWorkers "
                               "threads) or dummy (inline, no threads)", param="readerPool",
-                              convert="toString")
+                              convert="toString", choices=POOL_TYPES)
     reader: str = option("auto", "Parquet reader: auto (Petastorm where it loads, else Arrow), "
-                         "petastorm or arrow", param="reader", convert="toString")
+                         "petastorm or arrow", param="reader", convert="toString", choices=READERS)
     use_gpu: bool = option(False, "train on the GPUs Spark assigns to the tasks",
                            param="useGpu", convert="toBoolean")
     timeout_s: float | None = option(None, "wall-clock limit of the whole fit in seconds, all "
@@ -181,11 +229,11 @@ class TrainConfig:
         normalize=_options)
     lr_scheduler_interval: str = option("epoch", "step the schedule every epoch or every "
                                         "optimizer step", param="lrSchedulerInterval",
-                                        convert="toString")
+                                        convert="toString", choices=SCHEDULER_INTERVALS)
     precision: str = option("32", "32, bf16-mixed (autocast to bfloat16, CPU and GPU) or "
                             "16-mixed (float16 autocast with loss scaling, GPU only); weights "
                             "and optimizer state stay float32", param="precision",
-                            convert="toString", normalize=_precision)
+                            convert="toString", normalize=_precision, choices=PRECISIONS)
     backward_passes_per_step: int = option(
         1, "micro-batches whose gradients are accumulated per optimizer step (no "
         "communication on the first k-1)", param="backwardPassesPerStep", convert="toInt")
@@ -206,7 +254,8 @@ class TrainConfig:
         preset=None)
     on_non_finite_loss: str = option(
         "raise", "a NaN/inf loss: raise (stop the fit naming epoch, step and rank) or "
-        "skip_batch (every rank skips that step)", param="onNonFiniteLoss", convert="toString")
+        "skip_batch (every rank skips that step)", param="onNonFiniteLoss", convert="toString",
+        choices=NON_FINITE)
     strategy: str = option("allreduce", "training strategy name", param="strategy",
                            convert="toString")
     strategy_options: dict[str, Any] = option({}, "options of the strategy (dict)",
@@ -215,20 +264,23 @@ class TrainConfig:
                             convert="toBoolean")
     snapshot_channel_bytes: int = option(
         32 << 20, "snapshots larger than this (or than the channel's frame limit, 64 MiB) "
-        "go through the Store, with only a notice on the channel", param=None, preset=None)
+        "go through the Store, with only a notice on the channel", param=None, preset=None,
+        check=_positive_int)
     checkpoint_every: int = option(1, "write a checkpoint every N epochs (0: never)",
-                                   param="checkpointEvery", convert="toInt")
+                                   param="checkpointEvery", convert="toInt",
+                                   check=_non_negative_int)
     checkpoint_every_steps: int = option(0, "also every N steps inside epochs (0: never)",
-                                         param="checkpointEverySteps", convert="toInt")
+                                         param="checkpointEverySteps", convert="toInt",
+                                         check=_non_negative_int)
     keep_checkpoints: int = option(3, "checkpoints kept per run (the newest)",
-                                   param="keepCheckpoints", convert="toInt")
+                                   param="keepCheckpoints", convert="toInt", check=_positive_int)
     max_restarts: int = option(2, "relaunches of the barrier stage after a failure, each "
                                "resuming from the last good checkpoint", param="maxRestarts",
-                               convert="toInt")
+                               convert="toInt", check=_non_negative_int)
     min_workers: int | None = option(
         None, "after a lost executor, go on with at least this many ranks from the last "
         "epoch checkpoint when fewer slots come back (elastic; None: numWorkers, no "
-        "elasticity)", param="minWorkers", convert="toInt")
+        "elasticity)", param="minWorkers", convert="toInt", check=optional_positive_int)
     slot_wait_s: float = option(120.0, "seconds to wait for task slots before a relaunch; "
                                 "then go on with minWorkers ranks or fail", param="slotWaitTimeout",
                                 convert="toFloat")
@@ -255,20 +307,12 @@ class TrainConfig:
     def validate(self) -> "TrainConfig":
         """Raise a ConfigError naming the first option out of range; else ``self``. Runs when
         the config is made; calling it again is harmless."""
-        _positive_int("epochs", self.epochs)
-        _positive_int("batch_size", self.batch_size)
-        _positive_int("num_workers", self.num_workers)
-        _positive_int("snapshot_every", self.snapshot_every)
-        _positive_int("reader_workers", self.reader_workers)
-        _non_negative_int("early_stopping_patience", self.early_stopping_patience)
-        _non_negative_int("shuffle_buffer", self.shuffle_buffer)
-        _non_negative_int("seed", self.seed)
-        _positive_int("snapshot_channel_bytes", self.snapshot_channel_bytes)
-        _non_negative_int("checkpoint_every", self.checkpoint_every)
-        _non_negative_int("checkpoint_every_steps", self.checkpoint_every_steps)
-        _positive_int("keep_checkpoints", self.keep_checkpoints)
-        _non_negative_int("max_restarts", self.max_restarts)
-        optional_positive_int("min_workers", self.min_workers)
+        for f in dataclasses.fields(self):  # what each option declares
+            value = getattr(self, f.name)
+            if f.metadata["choices"]:
+                _choice(f.name, value, f.metadata["choices"])
+            if f.metadata["check"]:
+                f.metadata["check"](f.name, value)
         if self.min_workers is not None and self.min_workers > self.num_workers:
             raise ConfigError(f"min_workers={self.min_workers} is more than num_workers="
                               f"{self.num_workers}; it is the fewest ranks a fit goes on with")
@@ -282,10 +326,6 @@ class TrainConfig:
         if self.watchdog_s != "auto":
             positive_seconds("watchdog timeout ('auto', seconds or None)", self.watchdog_s)
         check_validation(self.validation)
-        _choice("final_weights", self.final_weights, FINAL_WEIGHTS)
-        _choice("reader_pool", self.reader_pool, POOL_TYPES)
-        _choice("reader", self.reader, READERS)
-        _choice("best_mode", self.best_mode, MODES)
         if not self.features or not all(isinstance(f, str) and f for f in self.features):
             raise ConfigError(f"features must name one or more columns, got {self.features!r}")
         if not self.labels or not all(isinstance(c, str) and c for c in self.labels):
@@ -294,9 +334,6 @@ class TrainConfig:
                                                not self.sample_weight):
             raise ConfigError(f"sample_weight must name a column or be unset, got "
                               f"{self.sample_weight!r}")
-        _choice("precision", self.precision, PRECISIONS)
-        _choice("lr_scheduler_interval", self.lr_scheduler_interval, SCHEDULER_INTERVALS)
-        _choice("on_non_finite_loss", self.on_non_finite_loss, NON_FINITE)
         if isinstance(self.backward_passes_per_step, bool) or not isinstance(
                 self.backward_passes_per_step, int) or self.backward_passes_per_step < 1:
             raise ConfigError(f"backward_passes_per_step must be an integer >= 1 (1: no "
@@ -337,42 +374,3 @@ class TrainConfig:
 
     def replace(self, **changes: Any) -> "TrainConfig":
         return dataclasses.replace(self, **changes)
-
-
-def check_validation(value: Any) -> None:
-    """None (or 0): no validation; a fraction strictly between 0 and 1; or a column name."""
-    if value is None or isinstance(value, str) and value:
-        return
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or \
-            not (value == 0 or 0 < value < 1):
-        raise ConfigError(f"validation={value!r} is not allowed: give the fraction of rows to "
-                          "hold out, strictly between 0 and 1 (e.g. 0.2), the name of a "
-                          "boolean/0-1 column marking the validation rows, or None for no "
-                          "validation")
-
-
-def _positive_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"{name} must be an integer >= 1, got {value!r}")
-
-
-def optional_positive_int(name: str, value: Any) -> None:
-    if value is not None:
-        _positive_int(name, value)
-
-
-def positive_seconds(name: str, value: Any) -> None:
-    """None (no limit) or a positive number of seconds."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                              or value <= 0):
-        raise ConfigError(f"{name} must be positive seconds or unset (None), got {value!r}")
-
-
-def _non_negative_int(name: str, value: Any) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ConfigError(f"{name} must be an integer >= 0, got {value!r}")
-
-
-def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
-    if value not in choices:
-        raise ConfigError(f"unknown {name} {value!r}; choose one of {', '.join(choices)}")

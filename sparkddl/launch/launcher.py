@@ -10,6 +10,7 @@ from sparkddl.launch import preflight
 from sparkddl.launch.monitor import Handlers
 from sparkddl.launch.pickling import serialize_call
 from sparkddl.launch.stage import run_stage
+from sparkddl.session import cluster_context
 from sparkddl.task.spec import TaskSpec
 
 DEFAULT_COLLECTIVE_TIMEOUT_S = 1800.0
@@ -23,11 +24,14 @@ def launch_ranks(sc: Any, fn: Callable[..., Any], args: tuple = (),
                  kwargs: dict[str, Any] | None = None, *, num_workers: int, run_id: str,
                  description: str, use_gpu: bool = False, timeout_s: float | None = None,
                  torch_threads: int | None = None, attempt: int = 0,
-                 handlers: Handlers | None = None, watchdog_s: float | None = None) -> Any:
+                 handlers: Handlers | None = None, watchdog_s: float | None = None,
+                 warm_imports: tuple[str, ...] = ()) -> Any:
     """Run ``fn(*args, **kwargs)`` on ``num_workers`` ranks of one barrier stage and return
     rank 0's return value (None if it returned nothing). ``timeout_s`` bounds the stage and
     is the collective timeout of the process group; ``handlers`` receive the ranks' messages;
-    ``watchdog_s`` fails the stage when a rank stops making progress."""
+    ``watchdog_s`` fails the stage when a rank stops making progress; ``warm_imports`` are
+    imported on the ranks while they wait in the rendezvous."""
+    sc = cluster_context(sc)  # a SparkContext is taken as it is
     payload = serialize_call(fn, args, kwargs or {})
 
     def make_spec(channel: DriverChannel) -> TaskSpec:
@@ -37,7 +41,8 @@ def launch_ranks(sc: Any, fn: Callable[..., Any], args: tuple = (),
                         secret=channel.secret, use_gpu=use_gpu,
                         collective_timeout_s=timeout_s or DEFAULT_COLLECTIVE_TIMEOUT_S,
                         torch_threads=torch_threads, attempt=attempt,
-                        echo_output=not preflight.is_local_master(sc.master))
+                        echo_output=not preflight.is_local_master(sc.master),
+                        warm_imports=warm_imports)
 
     results = run_stage(sc, make_spec, timeout_s=timeout_s, handlers=handlers, watchdog_s=watchdog_s,
                         description=description, profile=preflight.stage_profile(sc, use_gpu))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from sparkddl.errors import ClusterError, ConfigError
-from sparkddl.session import ClassicContext
+from sparkddl.session import ClassicContext, cluster_context
 from sparkddl.session.masters import local_cluster
 
 log = logging.getLogger(__name__)
@@ -162,6 +162,7 @@ def task_slots(sc: Any, profile: Any = None) -> int:
 
 def available_workers(sc: Any, wanted: int | None = None, profile: Any = None) -> int:
     """Every task slot (or ``wanted``, if fewer); a ClusterError when there is none yet."""
+    sc = cluster_context(sc)
     slots = sc.task_slots(profile)
     if slots is None:
         slots = sc.named_slots()
@@ -197,6 +198,7 @@ def check_slots(sc: Any, num_workers: int, wait_s: float = EXECUTOR_WAIT_S,
     Executors may still be registering: wait up to ``wait_s`` for more slots, but not once
     every executor the application will have (``local-cluster[N,..]``,
     ``spark.executor.instances``) has registered."""
+    sc = cluster_context(sc)
     slots = sc.task_slots(profile)
     if slots is None:  # a client that cannot count: what the master's name tells, if anything
         slots = sc.named_slots()
@@ -231,6 +233,8 @@ def cluster_gpu_stage(sc: Any, use_gpu: bool) -> GpuStage | None:
 def stage_profile(sc: Any, use_gpu: bool) -> Any:
     """The resource profile the training stage is launched with (None: the default; always
     on Spark Connect, whose DataFrame stages take the session's task resources)."""
+    sc = cluster_context(sc)
+    sc = cluster_context(sc)
     if not sc.stage_profiles:  # Connect's DataFrame stages take the session's resources
         return None
     return training_profile(sc, cluster_gpu_stage(sc, use_gpu))
@@ -238,6 +242,7 @@ def stage_profile(sc: Any, use_gpu: bool) -> Any:
 
 def check_cluster(sc: Any, num_workers: int, use_gpu: bool) -> None:
     """Every check that needs the cluster; says in one line how the ranks get GPUs."""
+    sc = cluster_context(sc)
     check_dynamic_allocation(dict(sc.getConf().getAll()), sc.master)
     if sc.task_slots() is None:  # what the session's conf and master's name tell
         check_gpu_conf(dict(sc.getConf().getAll()), use_gpu)

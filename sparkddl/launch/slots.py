@@ -9,6 +9,7 @@ from typing import Any
 
 from sparkddl.errors import ClusterError, RankFailure
 from sparkddl.launch import preflight
+from sparkddl.session import cluster_context
 
 log = logging.getLogger(__name__)
 
@@ -20,6 +21,7 @@ def forget_lost_executors(sc: Any, failures: list[RankFailure]) -> None:
     """Ask Spark to stop offering the executors of lost ranks (and to replace them): until
     its own heartbeats time out (a minute or more) it would schedule the next attempt's
     tasks there, where they never start."""
+    sc = cluster_context(sc)
     for f in failures:
         executor = str(f.status.get("executor") or "") if f.status.get("lost") else ""
         if not executor:
@@ -37,6 +39,7 @@ def world_after_failure(sc: Any, want: int, least: int, wait_s: float, use_gpu: 
                         failures: list[RankFailure]) -> int:
     """The number of ranks for the next attempt: ``want`` once that many task slots are
     free (waiting at most ``wait_s``), else the free slots if at least ``least``."""
+    sc = cluster_context(sc)
     if sc.task_slots() is None:
         return want  # the client cannot count slots: Spark waits for them itself
     profile = preflight.stage_profile(sc, use_gpu)
@@ -66,6 +69,7 @@ def world_after_failure(sc: Any, want: int, least: int, wait_s: float, use_gpu: 
 def slots_back(sc: Any, want: int, use_gpu: bool) -> bool:
     """Whether the cluster has ``want`` task slots in all again (an elastic fit's ranks hold
     some of them)."""
+    sc = cluster_context(sc)
     try:
         slots = sc.task_slots(preflight.stage_profile(sc, use_gpu))
         return slots is not None and slots >= want  # None: the client cannot count them

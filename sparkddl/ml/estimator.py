@@ -7,8 +7,8 @@ from sparkddl.config import TrainConfig
 from sparkddl.errors import ConfigError
 from sparkddl.launch.callbacks import Callbacks
 from sparkddl.launch.fit import FitResult, fit
-from sparkddl.ml import architecture, params
-from sparkddl.ml._params import HasTorchModelParams, TorchEstimatorBase
+from sparkddl.ml import architecture, param_schema
+from sparkddl.ml.generated_params import HasTorchModelParams, TorchEstimatorBase
 from sparkddl.ml.model import TorchModel
 from sparkddl.tracking import MlflowTracking, check_setting
 
@@ -29,8 +29,8 @@ class TorchEstimator(TorchEstimatorBase):
 
     def train_config(self) -> TrainConfig:
         """The Params as the typed config everything below works with."""
-        return params.train_config({p.name: self.getOrDefault(p.name)
-                                    for p in params.config_params()})
+        return param_schema.train_config({p.name: self.getOrDefault(p.name)
+                                    for p in param_schema.config_params()})
 
     def _fit(self, dataset: Any) -> TorchModel:
         for name in ("model", "optimizer", "loss"):

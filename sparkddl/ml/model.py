@@ -11,7 +11,7 @@ from sparkddl.export import program as exported
 from sparkddl.config import TrainConfig
 from sparkddl.errors import ConfigError, DataError
 from sparkddl.ml import architecture
-from sparkddl.ml._params import HasTorchModelParams
+from sparkddl.ml.generated_params import HasTorchModelParams
 from sparkddl.ml.inference import (ModelPayload, check_device, exported_eval,
                                    udf_function)
 from sparkddl.ml.persistence import ModelReader, ModelWriter

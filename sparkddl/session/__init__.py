@@ -2,8 +2,9 @@
 
 Everything above (data, launch, ml, the job) takes :func:`cluster_context` of its session
 and asks it (task slots, barrier stages, job groups, broadcasts, the channel's address: see
-:mod:`sparkddl.session.cluster`) instead of testing types or attributes itself. This package imports nothing of sparkddl but its errors, so
-``data`` and ``launch`` can both stand on it.
+:mod:`sparkddl.session.cluster`) instead of testing types or attributes itself. This
+package imports nothing of sparkddl but its errors, so ``data`` and ``launch`` can both
+stand on it.
 """
 from __future__ import annotations
 

@@ -26,6 +26,9 @@ class TaskSpec:
     heartbeat_s: float = 1.0
     # the executors cannot reach the driver: messages travel back in the stage's rows
     offline: bool = False
+    # modules the rank imports on a thread of its own while it waits in the rendezvous (a
+    # first fit's Petastorm costs ~2 s), so that they are loaded by the first batch
+    warm_imports: tuple[str, ...] = ()
 
     def __repr__(self) -> str:  # keep the secret and the payload out of logs
         return (f"TaskSpec(run_id={self.run_id!r}, num_workers={self.num_workers}, "

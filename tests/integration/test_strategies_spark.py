@@ -7,7 +7,7 @@ import torch
 
 from sparkddl import ConfigError, TorchEstimator
 from sparkddl.strategies.fsdp import fsdp_problem
-from sparkddl.strategies.ssp import store_queue_problem
+from sparkddl.strategies.ssp_wire import store_queue_problem
 from tests.integration.digits import accuracy, digits_df, mlp
 
 CASES = {

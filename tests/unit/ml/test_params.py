@@ -78,22 +78,22 @@ def test_options_of_the_wrong_kind_are_config_errors_naming_what_was_given():
 
 
 def test_the_generated_params_module_is_current():
-    """sparkddl/ml/_params.py is written from TrainConfig; an option added there without
-    regenerating (`python -m sparkddl.ml.params`) fails here."""
-    from sparkddl.ml import params
-    assert params.GENERATED.read_text(encoding="utf-8") == params.generate()
+    """sparkddl/ml/generated_params.py is written from TrainConfig; an option added there
+    without regenerating (`python -m sparkddl.ml.param_schema`) fails here."""
+    from sparkddl.ml import param_schema
+    assert param_schema.GENERATED.read_text(encoding="utf-8") == param_schema.generate()
 
 
 def test_params_and_config_fields_and_defaults_are_one_table():
     from sparkddl.config import TrainConfig
-    from sparkddl.ml import params
+    from sparkddl.ml import param_schema
     est, config = _estimator(), TrainConfig()
     # defaults agree: a fresh estimator's config is the schema's default config
     assert est.train_config() == config
     # every config field with a Param round-trips through Param values
     changed = config.replace(features=("a", "b"), feature_shapes={"a": (2, 2)}, epochs=4,
                              metrics=("mse",), strategy_options={"period": 2})
-    assert params.train_config(params.param_values(changed)) == changed
+    assert param_schema.train_config(param_schema.param_values(changed)) == changed
     # explicit accessors on both classes, with the Param's doc
     from sparkddl import TorchModel
     assert est.setBatchSize(7).getBatchSize() == 7
@@ -106,14 +106,32 @@ def test_the_generated_params_are_typed_like_pyspark_s_own():
     the objects (model, optimizer, loss, callbacks, mlflow, functions, metrics)."""
     import inspect
 
-    from sparkddl.ml import _params, params
-    text = params.GENERATED.read_text(encoding="utf-8")
+    from sparkddl.ml import generated_params, param_schema
+    text = param_schema.GENERATED.read_text(encoding="utf-8")
     assert "    epochs: Param[int] = Param(" in text
     assert "    featuresCol: Param[str | list[str]] = Param(" in text
     assert "def getMinWorkers(self) -> int | None:" in text
     assert "def setSlotWaitTimeout(self, value: float) -> Self:" in text
-    untyped = sorted(p.name for p in params.all_params() if params.value_type(p) == "Any")
+    untyped = sorted(p.name for p in param_schema.all_params() if param_schema.value_type(p) == "Any")
     assert untyped == ["callbacks", "loss", "lrScheduler", "metrics", "mlflow", "model",
                        "optimizer", "trainStep", "transformFn"]
-    signature = inspect.signature(_params.TorchEstimatorBase.__init__)
+    signature = inspect.signature(generated_params.TorchEstimatorBase.__init__)
     assert signature.parameters["numWorkers"].annotation == "int"  # a string (PEP 563)
+
+
+def test_pyspark_s_own_params_come_from_its_mixins():
+    """predictionCol, probabilityCol, rawPredictionCol and seed are pyspark's shared Params,
+    so pyspark's tooling recognizes them; the defaults stay sparkddl's."""
+    from pyspark.ml.param.shared import (HasPredictionCol, HasProbabilityCol,
+                                         HasRawPredictionCol, HasSeed)
+
+    from sparkddl import TorchModel
+    est, model = _estimator(), TorchModel()
+    for obj in (est, model):
+        assert isinstance(obj, (HasPredictionCol, HasProbabilityCol, HasRawPredictionCol))
+        assert obj.getPredictionCol() == "prediction"
+        assert obj.getRawPredictionCol() == "rawPrediction"
+        assert obj.getProbabilityCol() == "probability"
+    assert isinstance(est, HasSeed) and not isinstance(model, HasSeed)
+    assert est.getSeed() == 0 and est.setSeed(5).getSeed() == 5
+    assert est.train_config().seed == 5

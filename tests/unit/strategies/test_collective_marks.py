@@ -12,7 +12,7 @@ import torch.distributed as dist
 from sparkddl import strategies
 from sparkddl.task import context
 from tests.unit.dist_harness import run_ranks
-from tests.unit.strategies.test_strategies import COMPRESSIONS, _fit, _mlp, _regression
+from tests.unit.strategies.harness import COMPRESSIONS, _fit, _mlp, _regression
 
 # every blocking torch.distributed call the strategies and the training loop use
 CALLS = ("all_reduce", "broadcast", "all_gather", "gather", "batch_isend_irecv",
