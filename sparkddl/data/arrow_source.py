@@ -4,7 +4,9 @@ Petastorm cannot load (pyarrow >= 15, numpy 2, Spark >= 4.1).
 It keeps Petastorm's contract: the row groups are those of :func:`list_row_groups` (files in
 path order, Petastorm's rule for which files are data), row group i belongs to sub-shard
 ``i % count``; each epoch reads every row group of the sub-shard once, in a seeded order,
-with the rows of each in a seeded order. The permutations are not Petastorm's, but depend
+with the rows of each in a seeded order (the reader's: sources hand rows over in file
+order, and :class:`~sparkddl.data.batching.Rebatcher` gathers them in that order, one copy
+per row). The permutations are not Petastorm's, but depend
 only on the seed, the epoch, the rank and the sub-shard, so a resumed run reads the same
 order. Decoding, re-batching and step counting are :mod:`sparkddl.data.reader`'s.
 """
@@ -24,8 +26,8 @@ from sparkddl.store import Store
 def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
                    ) -> Generator[Any, None, None]:
     """Arrow tables of the row groups of part ``part`` of ``parts`` of this rank's shard,
-    one pass, rows shuffled inside each; striding, every row group in file order,
-    unshuffled (the reader keeps this rank's rows)."""
+    one pass, in a seeded order, rows in file order; striding, every row group in file
+    order (the reader keeps this rank's rows)."""
     import pyarrow.parquet as pq
 
     store = Store.from_uri(plan.url)
@@ -53,7 +55,7 @@ def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
             if sel is not None:
                 table = sel.apply(root, group.path, group.index, table, plan.names)
             check_table(plan, table, group.path, group.index)
-            yield table if plan.stride else table.take(rng.permutation(table.num_rows))
+            yield table
     finally:
         for handle in handles:  # ParquetFile.close() leaves a file it was handed open
             handle.close()
@@ -70,7 +72,7 @@ def check_table(plan: ShardPlan, table: Any, path: str, index: int) -> None:
                             "first")
         if col.encoding != "list" or not len(values):
             continue
-        arr = values.combine_chunks()
+        arr = values.chunk(0) if values.num_chunks == 1 else values.combine_chunks()
         lengths = value_counts(arr)
         if lengths.min() != col.width or lengths.max() != col.width:
             raise DataError(f"{where} holds arrays of {sorted(set(lengths.tolist()))[:10]} "

@@ -111,67 +111,105 @@ def _tensor_bytes(col: ColumnSpec, arr: Any) -> memoryview:
 
 
 class Rebatcher:
-    """Turns a stream of chunks into batches of exactly ``batch_size`` rows.
+    """Turns a stream of chunks into batches of exactly ``batch_size`` rows, copying each row
+    once: from the chunk it was decoded into (often a view of Arrow's buffers) into its
+    batch.
 
-    With ``buffer_rows > 0`` rows pass through a shuffle buffer: once it holds more than
-    ``buffer_rows`` rows, a random half of it (seeded) is emitted as batches and the rest
-    stays to mix with later chunks. ``finish`` shuffles and emits what is left; the final
-    partial batch is dropped.
+    Rows are not moved until they go into a batch: the pool is two index arrays (which chunk,
+    which row), and ``add(chunk, rows)`` appends the chunk's ``rows`` (in that order; None:
+    all, in order). With ``buffer_rows > 0`` rows pass through a shuffle buffer: once it
+    holds more than ``buffer_rows`` rows, a random half of it (seeded) is emitted as batches
+    and the rest stays to mix with later chunks. Without one, batches follow the order
+    given. A batch is gathered straight into a new array (``np.take``), or is a slice of
+    its chunk where its rows are consecutive there. ``finish`` shuffles and emits what is
+    left; the final partial batch is dropped. Chunks are released once no pending row
+    points into them; when more than ``MAX_LIVE`` are held (rows left behind by the buffer),
+    the pending rows of all but the newest are copied into one.
     """
+
+    MAX_LIVE = 3
 
     def __init__(self, batch_size: int, buffer_rows: int, rng: np.random.Generator):
         self.batch_size = batch_size
         self.buffer_rows = buffer_rows
         self.rng = rng
-        self._pending: list[Chunk] = []
-        self._count = 0
+        self._chunks: dict[int, Chunk] = {}
+        self._next = 0
+        self._cid = np.empty(0, dtype=np.int64)  # pending rows: their chunk...
+        self._row = np.empty(0, dtype=np.int64)  # ...and their row in it
 
-    def add(self, chunk: Chunk) -> Iterator[Chunk]:
-        n = len(next(iter(chunk.values())))
+    @property
+    def pending(self) -> int:
+        return len(self._cid)
+
+    def add(self, chunk: Chunk, rows: np.ndarray | None = None) -> Iterator[Chunk]:
+        n = len(next(iter(chunk.values()))) if rows is None else len(rows)
         if n == 0:
             return
-        self._pending.append(chunk)
-        self._count += n
+        cid, self._next = self._next, self._next + 1
+        self._chunks[cid] = chunk
+        self._cid = np.concatenate([self._cid, np.full(n, cid, dtype=np.int64)])
+        self._row = np.concatenate([self._row, np.arange(n, dtype=np.int64) if rows is None
+                                    else np.asarray(rows, dtype=np.int64)])
         threshold = self.buffer_rows + self.batch_size if self.buffer_rows else self.batch_size
-        if self._count >= threshold:
+        if self.pending >= threshold:
             yield from self._emit(keep=self.buffer_rows // 2 if self.buffer_rows else 0)
 
     def finish(self) -> Iterator[Chunk]:
-        if self._count >= self.batch_size:
+        if self.pending >= self.batch_size:
             yield from self._emit(keep=0)
-        self._pending, self._count = [], 0
+        self._chunks.clear()
+        self._cid, self._row = self._cid[:0], self._row[:0]
 
     def _emit(self, keep: int) -> Iterator[Chunk]:
-        if not self.buffer_rows:
-            yield from self._emit_in_order()
-            return
-        pool = _concat(self._pending)
-        n, b = self._count, self.batch_size
+        n, b = self.pending, self.batch_size
         k = max((n - keep) // b, 0)
-        order = self.rng.permutation(n)
+        cid, row = self._cid, self._row
+        if self.buffer_rows:
+            order = self.rng.permutation(n)
+            cid, row = cid[order], row[order]
+        self._cid, self._row = cid[k * b:], row[k * b:]
         for i in range(k):
-            idx = order[i * b:(i + 1) * b]
-            yield {name: arr[idx] for name, arr in pool.items()}
-        rest = order[k * b:]
-        self._pending = [{name: arr[rest] for name, arr in pool.items()}] if len(rest) else []
-        self._count = n - k * b
+            yield self._gather(cid[i * b:(i + 1) * b], row[i * b:(i + 1) * b])
+        self._release()
 
-    def _emit_in_order(self) -> Iterator[Chunk]:
-        """Batches as slices of the newest chunk; only a batch spanning chunks is copied."""
-        b = self.batch_size
-        *older, last = self._pending
-        head: list[Chunk] = []
-        if older:  # the leftover of earlier chunks (< b rows) plus the start of this one
-            need = b - sum(len(next(iter(c.values()))) for c in older)
-            head = [_concat(older + [{k: v[:need] for k, v in last.items()}])]
-            last = {k: v[need:] for k, v in last.items()}
-        n = len(next(iter(last.values())))
-        whole = n // b
-        yield from head
-        for i in range(whole):
-            yield {k: v[i * b:(i + 1) * b] for k, v in last.items()}
-        self._pending = [{k: v[whole * b:] for k, v in last.items()}] if n > whole * b else []
-        self._count = n - whole * b
+    def _gather(self, cid: np.ndarray, row: np.ndarray) -> Chunk:
+        if cid[0] == cid[-1] and (cid == cid[0]).all():
+            src = self._chunks[int(cid[0])]
+            if row[-1] - row[0] == len(row) - 1 and (np.diff(row) == 1).all():
+                return {k: v[row[0]:row[-1] + 1] for k, v in src.items()}  # a view
+            return {k: v.take(row, axis=0) for k, v in src.items()}
+        order = np.argsort(cid, kind="stable")  # one take per chunk, into the batch itself
+        cid, row = cid[order], row[order]
+        cuts = [0, *(np.flatnonzero(np.diff(cid)) + 1).tolist(), len(cid)]
+        first = self._chunks[int(cid[0])]
+        out = {k: np.empty((len(row), *v.shape[1:]), dtype=v.dtype) for k, v in first.items()}
+        for start, end in zip(cuts[:-1], cuts[1:]):
+            src = self._chunks[int(cid[start])]
+            for k, v in src.items():
+                np.take(v, row[start:end], axis=0, out=out[k][start:end])
+        return out
+
+    def _release(self) -> None:
+        live = set(np.unique(self._cid).tolist())
+        for cid in [c for c in self._chunks if c not in live]:
+            del self._chunks[cid]
+        if len(self._chunks) <= self.MAX_LIVE:
+            return
+        newest = max(self._chunks)
+        old = self._cid != newest
+        merged = self._gather(self._cid[old], self._row[old])  # rows the buffer kept
+        merged_id, self._next = self._next, self._next + 1
+        for cid in [c for c in self._chunks if c != newest]:
+            del self._chunks[cid]
+        self._chunks[merged_id] = merged
+        # _gather grouped the rows by chunk: give them their new places in that order
+        order = np.argsort(self._cid[old], kind="stable")
+        rows = np.empty(len(order), dtype=np.int64)
+        rows[order] = np.arange(len(order))
+        self._cid = np.where(old, merged_id, self._cid)
+        self._row = self._row.copy()
+        self._row[old] = rows
 
 
 def _concat(chunks: list[Chunk]) -> Chunk:

@@ -7,6 +7,7 @@ same way for every source. Nothing here imports Petastorm until a shard is read.
 from __future__ import annotations
 
 import collections
+import functools
 import logging
 import threading
 import warnings
@@ -30,15 +31,16 @@ def epoch_seed(plan: ShardPlan, epoch: int, part: int = 0) -> int:
 def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
                    ) -> Generator[Any, None, None]:
     """Arrow tables of the row groups of part ``part`` of ``parts`` of this rank's shard
-    (:func:`sub_shard`), one pass, rows shuffled inside each; striding, every row group in
-    file order, unshuffled."""
+    (:func:`sub_shard`), one pass, in a seeded order; striding, every row group in file order.
+    Rows come in file order: the reader shuffles them as it batches (a copy it makes anyway),
+    not Petastorm (whose take costs as much as reading the row group)."""
     from petastorm.workers_pool import EmptyResultError
 
     shard = {} if plan.stride else dict(zip(("cur_shard", "shard_count"),
                                             sub_shard(plan, rank, part, parts)))
     pool = InlinePool()
     reader = _open_reader(plan.url, plan.names, pool, seed=epoch_seed(plan, epoch, part),
-                          shuffle_row_groups=not plan.stride, shuffle_rows=not plan.stride,
+                          shuffle_row_groups=not plan.stride, shuffle_rows=False,
                           **shard)
     try:
         while True:
@@ -54,13 +56,37 @@ def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
 def _open_reader(url: str, columns: list[str], pool: "InlinePool", **options: Any) -> Any:
     """A Petastorm batch reader (what ``make_batch_reader`` builds, for plain Parquet) over
     ``pool``, reading one pass of the dataset; its row groups are taken from the pool."""
-    from petastorm.arrow_reader_worker import ArrowReaderWorker
     from petastorm.fs_utils import get_filesystem_and_path_or_paths, normalize_dir_url
     from petastorm.reader import Reader
 
     filesystem, path = get_filesystem_and_path_or_paths(normalize_dir_url(url))
-    return Reader(filesystem, path, schema_fields=columns, worker_class=ArrowReaderWorker,
+    return Reader(filesystem, path, schema_fields=columns, worker_class=_in_order_worker(),
                   reader_pool=pool, num_epochs=1, is_batched_reader=True, **options)
+
+
+@functools.lru_cache(maxsize=1)
+def _in_order_worker() -> type:
+    """Petastorm's ArrowReaderWorker, less one copy: unshuffled, it still ``take``s every
+    row group in natural order (``np.arange``), a full copy that costs as much as reading
+    the group (measured: 0.41 s of 0.40 s read per 1 M rows x 64 floats). Rows stay in
+    file order here, and sparkddl's batcher gathers them in a seeded order."""
+    from petastorm.arrow_reader_worker import ArrowReaderWorker
+
+    class InOrderWorker(ArrowReaderWorker):
+        def _read_with_shuffle_row_drop(self, piece: Any, pq_file: Any, column_names: Any,
+                                        shuffle_row_drop_partition: Any) -> Any:
+            if self._shuffle_rows or shuffle_row_drop_partition[1] != 1:
+                return super()._read_with_shuffle_row_drop(piece, pq_file, column_names,
+                                                           shuffle_row_drop_partition)
+            with warnings.catch_warnings():  # the legacy dataset Petastorm reads through
+                warnings.simplefilter("ignore", FutureWarning)
+                partitions = self._dataset.partitions
+            names = set(partitions.partition_names) if partitions else set()
+            table = piece.read(columns=column_names - names, partitions=partitions)
+            extra = set(table.column_names) - set(column_names)
+            return table.drop(sorted(extra)) if extra else table
+
+    return InOrderWorker
 
 
 class InlinePool:

@@ -21,7 +21,7 @@ from typing import Any, Iterator
 from urllib.parse import urlparse
 
 from sparkddl.config import READERS
-from sparkddl.data.petastorm_check import unavailable_reason
+from sparkddl.data.petastorm_check import MODULES, unavailable_reason
 from sparkddl.data.schema import ColumnSpec
 from sparkddl.data.split import Selection
 from sparkddl.errors import ConfigError, DataError
@@ -186,8 +186,8 @@ def resolve_reader(choice: str, where: str = "driver", rows_selected: bool = Fal
     that cannot load here is a ConfigError. Called on the driver when planning (to fail
     before anything is launched) and on every rank before reading, because executors may
     run another Python environment than the driver. ``rows_selected``: the data keeps only
-    some rows of each row group (the split of a table read in place), which Petastorm, which
-    shuffles rows inside a row group before handing it over, cannot do."""
+    some rows of each row group (the split of a table read in place), which only the Arrow
+    reader applies."""
     if choice not in READERS:
         raise ConfigError(f"unknown reader {choice!r}; choose one of {', '.join(READERS)}")
     if choice == "arrow":
@@ -228,6 +228,16 @@ def resolve_reader(choice: str, where: str = "driver", rows_selected: bool = Fal
         return _chosen("arrow", f"reader='auto' and Petastorm cannot be used here ({problem})",
                        where)
     return _chosen("petastorm", "reader='auto' and Petastorm loads here", where)
+
+
+def reader_modules(plan: ShardPlan) -> tuple[str, ...]:
+    """The modules a rank imports to read ``plan`` beyond pyarrow: Petastorm's where
+    :func:`resolve_reader` may choose it (the ranks import them while they rendezvous)."""
+    scheme = urlparse(plan.url).scheme or "file"
+    if plan.reader == "arrow" or plan.selection is not None or plan.raw_in_place or \
+            scheme not in PETASTORM_SCHEMES:
+        return ()
+    return MODULES
 
 
 # choices already announced in this process: a rank resolves its reader every epoch,

@@ -8,7 +8,9 @@ striding, the seeded shuffle buffer, exactly ``steps_per_epoch`` batches, and cl
 """
 from __future__ import annotations
 
+import functools
 import logging
+import os
 import queue
 import threading
 import time
@@ -39,6 +41,7 @@ QUEUE_BYTES = 64 << 20  # ...and not more than this (at least one): large groups
 # how long a stopped epoch waits for its reader threads; one stuck in I/O is left behind
 # (they are daemons) so that training, or the error being raised, goes on
 JOIN_TIMEOUT_S = 10.0
+BATCHES_AHEAD = 4  # batches the batcher thread keeps ready for the training thread
 
 
 def epoch_batches(plan: ShardPlan, rank: int, epoch: int) -> Iterator[dict[str, Any]]:
@@ -57,15 +60,25 @@ def epoch_batches(plan: ShardPlan, rank: int, epoch: int) -> Iterator[dict[str, 
     rng = np.random.default_rng([plan.seed, epoch, rank])
     rebatcher = Rebatcher(plan.batch_size, plan.shuffle_buffer, rng)
     emitted = 0
-    groups = _prefetched(source, plan, rank, epoch) if plan.reader_pool == "thread" else \
-        _decoded(source, plan, rank, epoch, 0, 1)
+    # read-ahead threads where the rank has a core for them; on one core the same sub-shards
+    # are read in turn by the training thread (same order, no threads fighting it)
+    threaded = plan.reader_pool == "thread" and usable_cpus() > 1
+    if threaded:
+        groups = _prefetched(source, plan, rank, epoch)
+    elif plan.reader_pool == "thread":
+        groups = _in_turn(source, plan, rank, epoch)
+    else:
+        groups = _decoded(source, plan, rank, epoch, 0, 1)
+    convert = (lambda batch: batch) if plan.transform is not None else to_tensors
+    batches: Iterator[Any] = _batcher(groups, rebatcher, convert, rank) if threaded else \
+        map(convert, _rebatched(groups, rebatcher))
     tensors: Iterator[dict[str, Any]]
     if plan.transform is not None:
-        tensors = ahead(plan.transform, _rebatched(groups, rebatcher), plan.reader_workers,
+        tensors = ahead(plan.transform, batches, plan.reader_workers,
                         lambda i: f"rank {rank}, epoch {epoch}, batch {i}",
                         Shapes(plan.transform_shapes))
     else:
-        tensors = map(to_tensors, _rebatched(groups, rebatcher))
+        tensors = batches
     try:
         for batch in tensors:
             yield batch
@@ -75,35 +88,74 @@ def epoch_batches(plan: ShardPlan, rank: int, epoch: int) -> Iterator[dict[str, 
     finally:
         if hasattr(tensors, "close"):
             tensors.close()
+        if hasattr(batches, "close"):
+            batches.close()
         groups.close()
     raise DataError(f"rank {rank} got {emitted} batches in epoch {epoch}, expected "
                     f"{plan.steps_per_epoch}: the dataset at {plan.url} changed after it was "
                     "planned; prepare it again")
 
 
-def _rebatched(chunks: Iterator[Chunk], rebatcher: Rebatcher) -> Iterator[Chunk]:
-    for chunk in chunks:
-        yield from rebatcher.add(chunk)
+def _rebatched(chunks: Iterator[tuple[Chunk, Any]], rebatcher: Rebatcher) -> Iterator[Chunk]:
+    for chunk, rows in chunks:
+        yield from rebatcher.add(chunk, rows)
     yield from rebatcher.finish()
 
 
+def _batcher(groups: Generator[tuple[Chunk, Any], None, None], rebatcher: Rebatcher,
+             convert: Callable[[Chunk], Any], rank: int) -> Generator[Any, None, None]:
+    """Batches cut (and gathered: the one copy of each row) on a thread of their own, up to
+    ``BATCHES_AHEAD`` ahead, so that the training thread only takes them."""
+    out: queue.Queue = queue.Queue(BATCHES_AHEAD)
+    stop = threading.Event()
+
+    def batches() -> Generator[Any, None, None]:
+        cut = _rebatched(groups, rebatcher)
+        try:
+            yield from map(convert, cut)
+        finally:
+            cut.close()
+            groups.close()  # its reader threads stop here, on the thread that ran it
+
+    thread = threading.Thread(target=_fill, args=(batches, out, stop), daemon=True,
+                              name="sparkddl-batcher")
+    thread.start()
+    try:
+        while True:
+            item = out.get()
+            if item is _DONE:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while not out.empty():  # unblock the batcher waiting on a full queue
+            out.get_nowait()
+        _join([thread], rank)
+
+
 def _decoded(source: Source, plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
-             ) -> Generator[Chunk, None, None]:
+             ) -> Generator[tuple[Chunk, np.ndarray], None, None]:
     """Decoded row groups of part ``part`` of ``parts`` of this rank's shard, without
-    per-row Python objects. Striding, the source yields every row group in file order and
-    this rank keeps the rows whose position in the dataset is ``rank`` modulo ``world``."""
+    per-row Python objects (views of Arrow's buffers where the layout allows), each with
+    the rows to use, in order: a seeded permutation (it depends on the seed, the epoch, the
+    rank, the part and the group's place in the pass), nothing copied yet. Striding, the
+    source yields every row group in file order and this rank keeps, in order, the rows
+    whose position in the dataset is ``rank`` modulo ``world``."""
     tables = _named_failures(source(plan, rank, epoch, part, parts), plan,
                              f"rank {rank}, epoch {epoch}")
     try:
         offset = 0
-        for table in tables:
+        for i, table in enumerate(tables):
             chunk = {c.name: decode_arrow(c, table.column(c.name)) for c in plan.columns}
             n = table.num_rows
             if plan.stride:
-                keep = np.arange((rank - offset) % plan.world, n, plan.world)
-                chunk = {k: v[keep] for k, v in chunk.items()}
+                rows = np.arange((rank - offset) % plan.world, n, plan.world)
+            else:
+                rows = np.random.default_rng([plan.seed, epoch, rank, part, i]).permutation(n)
             offset += n
-            yield chunk
+            yield chunk, rows
     finally:
         tables.close()
 
@@ -140,9 +192,10 @@ def _prefetched(source: Source, plan: ShardPlan, rank: int, epoch: int
     parts = reader_threads(plan)
     stop = threading.Event()
     queues = [queue.Queue(queue_depth(plan)) for _ in range(parts)]
-    threads = [threading.Thread(target=_fill, args=(source, plan, rank, epoch, k, parts, q, stop),
-                                daemon=True, name=f"sparkddl-reader-{k}")
-               for k, q in enumerate(queues)]
+    threads = [threading.Thread(
+        target=_fill, args=(functools.partial(_decoded, source, plan, rank, epoch, k, parts),
+                            q, stop), daemon=True, name=f"sparkddl-reader-{k}")
+        for k, q in enumerate(queues)]
     for t in threads:
         t.start()
     try:
@@ -162,6 +215,33 @@ def _prefetched(source: Source, plan: ShardPlan, rank: int, epoch: int
             while not q.empty():
                 q.get_nowait()
         _join(threads, rank)
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (a rank is pinned to its share of its host's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+def _in_turn(source: Source, plan: ShardPlan, rank: int, epoch: int
+             ) -> Generator[tuple[Chunk, np.ndarray], None, None]:
+    """What :func:`_prefetched` yields, in the same order, read in the calling thread."""
+    parts = reader_threads(plan)
+    readers = [_decoded(source, plan, rank, epoch, k, parts) for k in range(parts)]
+    try:
+        live = list(range(parts))
+        while live:
+            for k in list(live):
+                item = next(readers[k], None)
+                if item is None:
+                    live.remove(k)
+                else:
+                    yield item
+    finally:
+        for r in readers:
+            r.close()
 
 
 def reader_threads(plan: ShardPlan) -> int:
@@ -189,18 +269,20 @@ def _join(threads: list[threading.Thread], rank: int) -> None:
                         rank, t.name, JOIN_TIMEOUT_S)
 
 
-def _fill(source: Source, plan: ShardPlan, rank: int, epoch: int, part: int, parts: int,
-          out: queue.Queue, stop: threading.Event) -> None:
-    groups = _decoded(source, plan, rank, epoch, part, parts)
+def _fill(make: Callable[[], Generator[Any, None, None]], out: queue.Queue,
+          stop: threading.Event) -> None:
+    """On a producer thread: what ``make()`` yields into ``out``, then _DONE (or the
+    exception, which the consumer re-raises); stops when the consumer has gone away."""
+    items = make()
     try:
-        for chunk in groups:
-            if not _put(out, chunk, stop):
+        for item in items:
+            if not _put(out, item, stop):
                 return
         _put(out, _DONE, stop)
     except BaseException as exc:  # handed to the consumer, which re-raises it
         _put(out, exc, stop)
     finally:
-        groups.close()
+        items.close()
 
 
 def _put(out: queue.Queue, item: Any, stop: threading.Event) -> bool:

@@ -15,6 +15,7 @@ from sparkddl.channel import messages as m
 from sparkddl.channel.server import Message
 from sparkddl.config import TrainConfig
 from sparkddl.data import PreparedData
+from sparkddl.data.plan import reader_modules
 from sparkddl.errors import CheckpointError, ConfigError, JobCancelledError, TrainingFailedError
 from sparkddl.launch import preflight
 from sparkddl.launch.bounded import bounded_jobs
@@ -197,7 +198,7 @@ def _attempts(sc: Any, base: TrainSpec, config: TrainConfig, store: Store,
                 num_workers=spec.config.num_workers, run_id=spec.run_id,
                 use_gpu=config.use_gpu,
                 timeout_s=policy.remaining(), attempt=attempt, handlers=hook.handlers(attempt),
-                watchdog_s=config.watchdog_s,
+                watchdog_s=config.watchdog_s, warm_imports=reader_modules(spec.plan),
                 description=f"sparkddl fit {spec.run_id} attempt {attempt}")
             if not summary.get("regrow"):
                 return summary, restarts

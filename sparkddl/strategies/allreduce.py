@@ -48,6 +48,7 @@ class AllReduce(Strategy):
         self.buffers: list[Any] = []
         self.ddp: Any = None  # set when DDP reduces without a hook
         self.wrapped: Any = None  # the DDP module (overlap=True)
+        self.alone = False  # one rank, no compression: nothing to average, nothing wrapped
         self._buckets: tuple[int, int] | None = None
 
     def check_options(self) -> None:
@@ -80,6 +81,13 @@ class AllReduce(Strategy):
         return self.plain
 
     def wrap(self, module: Any) -> Any:
+        import torch.distributed as dist
+        if dist.get_world_size() == 1 and self.options["compression"] == "none":
+            # DDP on one rank still runs its reducer: +50 % per step on a small model
+            # (Linear(64, 10), batch 1024: 431 us against 288 us); a compression keeps its
+            # codec, whose error feedback changes the gradients even on one rank
+            self.alone = True
+            return module
         # parameter index: codec state is keyed by it, whichever bucket a parameter is in
         self.keys = {id(p): i for i, p in enumerate(module.parameters())}
         cap_bytes = int(self.options["bucket_cap_mb"] * (1 << 20))
@@ -111,7 +119,7 @@ class AllReduce(Strategy):
         return super().no_sync() if self.wrapped is None else self.wrapped.no_sync()
 
     def backward(self, loss: Any) -> None:
-        if self.sync is not None:  # gradients are exchanged after the backward pass
+        if self.sync is not None or self.alone:  # exchanged after the backward pass, if at all
             loss.backward()
             return
         # DDP allreduces gradient buckets while the backward pass runs and waits for them

@@ -9,8 +9,10 @@ it changes in the (reused) Python worker is restored when the task ends.
 from __future__ import annotations
 
 import functools
+import importlib
 import logging
 import os
+import threading
 import time
 import traceback
 from contextlib import AbstractContextManager, contextmanager
@@ -190,6 +192,24 @@ def _connect(spec: TaskSpec, rank: int, where: str) -> RankChannel:
             "executors can reach and allow connections to the driver") from exc
 
 
+def warm_imports(modules: tuple[str, ...]) -> threading.Thread | None:
+    """Import ``modules`` on a daemon thread; a module that fails to import is left to
+    whoever needs it (which says why). The rendezvous waits on sockets, without the GIL."""
+    if not modules:
+        return None
+
+    def run() -> None:
+        for name in modules:
+            try:
+                importlib.import_module(name)
+            except Exception:  # noqa: BLE001 - reported by the code that uses it
+                log.debug("warm import of %s failed", name, exc_info=True)
+
+    thread = threading.Thread(target=run, daemon=True, name="sparkddl-warm-imports")
+    thread.start()
+    return thread
+
+
 @contextmanager
 def rank_environment(spec: TaskSpec, spark_ctx: Any, channel: RankChannel,
                      status: dict[str, Any]) -> Iterator[context.RankContext]:
@@ -200,6 +220,7 @@ def rank_environment(spec: TaskSpec, spark_ctx: Any, channel: RankChannel,
     rank, world = spark_ctx.partitionId(), spec.num_workers
     hosts = [executor_address(info.address) for info in spark_ctx.getTaskInfos()]
     network = interface_env(hosts[rank])  # before any process group: gloo reads it then
+    warm_imports(spec.warm_imports)  # while this thread waits for its peers
     store, master_port = _rendezvous(spec, rank, hosts[0], channel, status)
     gpus = _task_gpus(spark_ctx) if spec.use_gpu else []
     threads = spec.torch_threads or max(1, int(spark_ctx.cpus()))

@@ -234,3 +234,20 @@ def test_ranks_read_an_fsspec_store_with_the_arrow_reader(dataset):
                         reader="petastorm")
     finally:
         store.delete(store.url())
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_a_rank_on_one_cpu_reads_the_same_order_without_threads(dataset, reader, monkeypatch):
+    """readerPool=thread reads ahead on threads where the rank has cores for them; on one
+    CPU the training thread reads the same sub-shards in turn, so the order does not depend
+    on where the rank runs (a resumed run skips the steps it did)."""
+    plan = _plan(dataset, seed=7, reader=reader, reader_workers=2, shuffle_buffer=50)
+    assert reader_module.reader_threads(plan) == 2
+    threaded = _ids(plan, 1, 0)
+    monkeypatch.setattr(reader_module, "usable_cpus", lambda: 1)
+    before = set(threading.enumerate())
+    batches = epoch_batches(plan, 1, 0)
+    first = next(batches)
+    assert set(threading.enumerate()) - before == set()  # nothing started
+    rest = [b["id"] for b in batches]
+    assert torch.cat([first["id"], *rest]).tolist() == threaded

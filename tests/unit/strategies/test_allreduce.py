@@ -164,3 +164,32 @@ def test_bytes_per_epoch_follow_the_strategy(comm_bytes):
     # the warm-up epoch sent whole buckets for half its steps
     warm = _epoch_bytes(comm_bytes, "topk", epoch=0) / full
     assert 0.5 < warm < 0.55
+
+
+def _one_rank(rank: int, world: int) -> dict:
+    """allreduce on a world of one: the module is not wrapped in DDP, the steps are those of
+    a plain loop, and nothing is sent; a compression keeps its codec (and DDP)."""
+    batches = _regression(0, 6, 8)
+    plain = _mlp()
+    opt = torch.optim.SGD(plain.parameters(), lr=0.1)
+    for x, y in batches:
+        opt.zero_grad(set_to_none=True)
+        F.mse_loss(plain(x), y).backward()
+        opt.step()
+    alone, module = strategies.create("allreduce"), _mlp()
+    wrapped = alone.wrap(module)
+    module = _mlp()
+    rows = _fit(strategies.create("allreduce"), module, batches, [0.1])
+    fp16 = strategies.create("allreduce", {"compression": "fp16"})
+    return {"unwrapped": wrapped is not None and not isinstance(
+                wrapped, torch.nn.parallel.DistributedDataParallel),
+            "same": torch.equal(_flat(module), _flat(plain)), "rows": rows,
+            "fp16_wrapped": isinstance(fp16.wrap(_mlp()),
+                                       torch.nn.parallel.DistributedDataParallel)}
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_one_rank_trains_as_a_plain_loop_without_ddp():
+    [out] = run_ranks(_one_rank, world_size=1, timeout_s=SPAWN_TIMEOUT_S)
+    assert out["unwrapped"] and out["same"] and out["fp16_wrapped"]
+    assert out["rows"][0]["comm_bytes"] == 0
