@@ -9,10 +9,8 @@ it changes in the (reused) Python worker is restored when the task ends.
 from __future__ import annotations
 
 import functools
-import importlib
 import logging
 import os
-import threading
 import time
 import traceback
 from contextlib import AbstractContextManager, contextmanager
@@ -33,6 +31,7 @@ from sparkddl.task.last_words import exit_message, fatal_signals, reported_exits
 from sparkddl.task.logs import forward_output
 from sparkddl.task.network import executor_address, executor_id, interface_env, rank_label
 from sparkddl.task.stacks import python_stacks
+from sparkddl.task.warm import warm_imports
 from sparkddl.task.spec import TaskSpec
 
 log = logging.getLogger(__name__)
@@ -190,24 +189,6 @@ def _connect(spec: TaskSpec, rank: int, where: str) -> RankChannel:
             f"rank {rank} at {where} cannot reach the driver channel at "
             f"{spec.channel_host}:{spec.channel_port} ({exc}); make spark.driver.host an address "
             "executors can reach and allow connections to the driver") from exc
-
-
-def warm_imports(modules: tuple[str, ...]) -> threading.Thread | None:
-    """Import ``modules`` on a daemon thread; a module that fails to import is left to
-    whoever needs it (which says why). The rendezvous waits on sockets, without the GIL."""
-    if not modules:
-        return None
-
-    def run() -> None:
-        for name in modules:
-            try:
-                importlib.import_module(name)
-            except Exception:  # noqa: BLE001 - reported by the code that uses it
-                log.debug("warm import of %s failed", name, exc_info=True)
-
-    thread = threading.Thread(target=run, daemon=True, name="sparkddl-warm-imports")
-    thread.start()
-    return thread
 
 
 @contextmanager

@@ -117,3 +117,16 @@ def test_the_rest_asks_the_session_seam_instead_of_branching_on_the_kind():
                  if not module_name(p).startswith("sparkddl.session")
                  and "is_connect" in p.read_text(encoding="utf-8")]
     assert offenders == []
+
+
+def test_no_hand_written_module_is_over_400_lines():
+    long = {str(p.relative_to(PACKAGE)): n for p in PACKAGE.rglob("*.py")
+            if p.name != "generated_params.py"
+            and (n := len(p.read_text(encoding="utf-8").splitlines())) > 400}
+    assert long == {}
+
+
+def test_the_unit_tests_mirror_every_subpackage():
+    code = {p.parent.name for p in PACKAGE.glob("*/*.py")}
+    tests = {p.name for p in (PACKAGE.parent / "tests" / "unit").iterdir() if p.is_dir()}
+    assert code - tests == set()

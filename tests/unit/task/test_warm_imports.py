@@ -8,7 +8,7 @@ import sys
 from sparkddl.data.petastorm_check import MODULES
 from sparkddl.data.plan import plan_shards, reader_modules
 from sparkddl.data.schema import ColumnSpec
-from sparkddl.task.bootstrap import warm_imports
+from sparkddl.task.warm import warm_imports
 
 
 def test_warm_imports_load_modules_on_a_thread_and_let_failures_be():

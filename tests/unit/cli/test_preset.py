@@ -16,7 +16,7 @@ from sparkddl.cli import preset
 from sparkddl.errors import ConfigError
 from sparkddl.models import build_model
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CONF = ROOT / "conf" / "digits.toml"
 EMBEDDED = ROOT / "sparkddl" / "presets" / "digits.toml"
 
