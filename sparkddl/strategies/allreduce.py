@@ -8,10 +8,11 @@ the same codec code, so every compression works with and without overlap.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sparkddl.errors import ConfigError
-from sparkddl.strategies.base import Strategy
+from sparkddl.strategies.base import option, Strategy
 from sparkddl.strategies.compression import Cast, Codec, Sign, TopK
 from sparkddl.strategies.powersgd import PowerSGD
 from sparkddl.strategies.tensors import GradientSync, broadcast_, broadcast_module
@@ -35,8 +36,16 @@ class AllReduce(Strategy):
     """
 
     name = "allreduce"
-    OPTIONS = {"bucket_cap_mb": 25, "overlap": True, "compression": "none", "rank": 2,
-               "ratio": 0.01, "warmup_steps": 10}
+    @dataclass(frozen=True)
+    class Options:
+        bucket_cap_mb: float = option(25, "gradient bucket size in MiB")
+        overlap: bool = option(True, "send buckets while the backward pass runs (DDP); "
+                               "false: average them after it")
+        compression: str = option("none", "codec of each bucket: none, fp16, bf16, powersgd, "
+                                  "topk or sign")
+        rank: int = option(2, "PowerSGD's rank (compression=powersgd)")
+        ratio: float = option(0.01, "share of entries top-k sends (compression=topk)")
+        warmup_steps: int = option(10, "plain allreduce steps before a compression starts")
 
     def __init__(self, **options: Any):
         super().__init__(**options)
@@ -59,11 +68,11 @@ class AllReduce(Strategy):
         self.check_number("ratio", 0, 1, low_inclusive=False)
         self.check_int("warmup_steps", 0)
         compression = self.options["compression"]
-        for option, users in TUNES.items():
-            if self.options[option] != self.OPTIONS[option] and compression not in users:
+        for key, users in TUNES.items():
+            if self.options[key] != self.OPTIONS[key] and compression not in users:
                 raise ConfigError(
-                    f"strategy 'allreduce' option {option} only applies with compression="
-                    f"{' or '.join(users)}, but compression={compression!r}; drop {option} "
+                    f"strategy 'allreduce' option {key} only applies with compression="
+                    f"{' or '.join(users)}, but compression={compression!r}; drop {key} "
                     "or choose a compression it tunes")
 
     def _codec(self) -> Codec:

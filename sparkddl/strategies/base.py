@@ -1,6 +1,7 @@
 """The contract every training strategy implements, and communication accounting."""
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, ClassVar
 
 from sparkddl.errors import ConfigError
@@ -8,20 +9,44 @@ from sparkddl.strategies.comm import CommStats
 from sparkddl.strategies.tensors import average_, model_state
 
 
+def option(default: Any, doc: str) -> Any:
+    """A field of a strategy's ``Options``: its default and what it does."""
+    return dataclasses.field(default=default, metadata={"doc": doc})
+
+
+def options_of(cls: type) -> list[dict[str, Any]]:
+    """A strategy's options: name, type, default and description (for docs and errors)."""
+    if getattr(cls, "Options", None) is None:
+        return [{"name": k, "type": type(v).__name__, "default": v, "doc": ""}
+                for k, v in cls.OPTIONS.items()]
+    return [{"name": f.name, "type": str(f.type), "default": f.default,
+             "doc": f.metadata.get("doc", "")} for f in dataclasses.fields(cls.Options)]
+
+
 class Strategy:
     """How replicas are kept in agreement.
 
     The training loop calls ``wrap`` once, then per step ``backward(loss)`` followed by
     ``step(optimizer)``, ``end_epoch()`` after each epoch, ``snapshot_state`` for a snapshot
-    taken during training, and ``finalize`` before the final weights are taken. ``OPTIONS`` declares every option with its default. ``state_dict``
-    holds tensors and plain values only (loadable with ``torch.load(weights_only=True)``);
-    restore it with ``load_state_dict`` after ``wrap``.
+    taken during training, and ``finalize`` before the final weights are taken. ``Options``
+    declares every option as a typed field of a frozen dataclass, with its default and
+    description (:func:`option`); ``OPTIONS`` (name -> default) is derived from it (a
+    strategy may also set ``OPTIONS`` alone). ``self.options`` holds the values by name,
+    ``self.settings`` the same as an ``Options``. ``state_dict`` holds tensors and plain
+    values only (loadable with ``torch.load(weights_only=True)``); restore it with
+    ``load_state_dict`` after ``wrap``.
     """
 
     name: ClassVar[str] = ""
+    Options: ClassVar[type | None] = None
     OPTIONS: ClassVar[dict[str, Any]] = {}
     # True where replicas hold different models between synchronizations (model averaging)
     replicas_differ: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "Options" in vars(cls) and cls.Options is not None:
+            cls.OPTIONS = {f.name: f.default for f in dataclasses.fields(cls.Options)}
 
     def __init__(self, **options: Any):
         unknown = sorted(set(options) - set(self.OPTIONS))
@@ -32,6 +57,7 @@ class Strategy:
         self.options = {**self.OPTIONS, **options}
         self.comm = CommStats()
         self.check_options()
+        self.settings = self.Options(**self.options) if self.Options is not None else None
 
     def check_options(self) -> None:
         """Validate ``self.options``; raise ConfigError naming the option."""

@@ -24,10 +24,11 @@ replicas share, which shrinks as training converges, while their spread stayed b
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 from sparkddl.errors import CheckpointError
-from sparkddl.strategies.base import Strategy
+from sparkddl.strategies.base import option, Strategy
 from sparkddl.strategies.tensors import (average_, broadcast_module, mean_over_ranks,
                                          model_state, squared_distance)
 
@@ -35,7 +36,12 @@ from sparkddl.strategies.tensors import (average_, broadcast_module, mean_over_r
 class DynamicAveraging(Strategy):
     name = "dynamic_averaging"
     replicas_differ = True
-    OPTIONS = {"threshold": "auto", "check_every": 8}
+    @dataclass(frozen=True)
+    class Options:
+        threshold: float | str = option("auto", "mean squared drift from the last average "
+                                        "above which models are averaged; auto: learned "
+                                        "from the first checks")
+        check_every: int = option(8, "steps between drift checks")
 
     def __init__(self, **options: Any):
         super().__init__(**options)

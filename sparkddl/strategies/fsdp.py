@@ -43,13 +43,14 @@ creates CUDA streams unconditionally, and a CPU module is refused in ``wrap``.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 import contextlib
 import math
 from collections import Counter
 from typing import Any, Callable, Iterator
 
 from sparkddl.errors import ConfigError
-from sparkddl.strategies.base import Strategy
+from sparkddl.strategies.base import option, Strategy
 from sparkddl.strategies.comm import tensor_bytes
 from sparkddl.strategies.tensors import broadcast_module
 from sparkddl.task.context import collective
@@ -61,7 +62,12 @@ BACKENDS = {"cpu": "gloo", "cuda": "nccl"}
 
 class FullyShardedDataParallel(Strategy):
     name = "fsdp"
-    OPTIONS = {"reshard_after_forward": True, "min_params": 1_000_000}
+    @dataclass(frozen=True)
+    class Options:
+        reshard_after_forward: bool = option(True, "free a unit's gathered parameters after "
+                                             "its forward (gather them again for backward)")
+        min_params: int = option(1_000_000, "parameters a submodule needs to be a shard "
+                                 "unit of its own")
 
     def __init__(self, **options: Any):
         super().__init__(**options)

@@ -18,9 +18,10 @@ separately as ``control_bytes`` and not in ``comm_bytes``.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
-from sparkddl.strategies.base import Strategy
+from sparkddl.strategies.base import option, Strategy
 from sparkddl.strategies.comm import CommStats, tensor_bytes
 from sparkddl.strategies.tensors import (DEFAULT_BUCKET_BYTES, average_, broadcast_module,
                                          bucketize, flatten, mean_over_ranks, model_state,
@@ -42,7 +43,9 @@ def peer_offsets(topology: str, world: int) -> list[int]:
 class Gossip(Strategy):
     name = "gossip"
     replicas_differ = True
-    OPTIONS = {"topology": "ring"}
+    @dataclass(frozen=True)
+    class Options:
+        topology: str = option("ring", "peers each rank averages with: ring or exponential")
 
     def __init__(self, **options: Any):
         super().__init__(**options)

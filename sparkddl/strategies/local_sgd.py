@@ -6,9 +6,10 @@ one model-sized allreduce per ``period`` steps (two with ``average_optimizer_sta
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sparkddl.strategies.base import Strategy
+from sparkddl.strategies.base import option, Strategy
 from sparkddl.strategies.tensors import (DEFAULT_BUCKET_BYTES, GradientSync, allreduce_mean,
                                          average_, broadcast_module, model_state)
 
@@ -19,7 +20,11 @@ if TYPE_CHECKING:
 class LocalSGD(Strategy):
     name = "local_sgd"
     replicas_differ = True
-    OPTIONS = {"period": 8, "warmup_steps": 0, "average_optimizer_state": False}
+    @dataclass(frozen=True)
+    class Options:
+        period: int = option(8, "steps between model averages")
+        warmup_steps: int = option(0, "synchronous steps first (post-local SGD)")
+        average_optimizer_state: bool = option(False, "average the optimizer's state too")
 
     def __init__(self, **options: Any):
         super().__init__(**options)

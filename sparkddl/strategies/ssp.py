@@ -35,6 +35,7 @@ from the restored model.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 import logging
 import os
 import threading
@@ -42,7 +43,7 @@ import time
 from typing import Any
 
 from sparkddl.errors import ConfigError, SparkDDLError
-from sparkddl.strategies.base import Strategy
+from sparkddl.strategies.base import option, Strategy
 from sparkddl.strategies.tensors import broadcast_module, model_state
 from sparkddl.strategies.ssp_wire import (ALARM, FINAL, PLAIN, PUSH_HEADER, PUSH_QUEUE, UNTIMED,
                                           _connection, answer_key, decode_pull, encode_pull,
@@ -58,7 +59,11 @@ GRACE = 0.5
 
 class StaleSynchronous(Strategy):
     name = "ssp"
-    OPTIONS = {"staleness": 3, "min_staleness": None}
+    @dataclass(frozen=True)
+    class Options:
+        staleness: int = option(3, "steps a worker may run ahead of the slowest")
+        min_staleness: int | None = option(None, "with a value, the bound moves between it "
+                                           "and staleness with the workers' speeds")
 
     def __init__(self, **options: Any):
         super().__init__(**options)

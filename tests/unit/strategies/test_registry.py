@@ -59,3 +59,20 @@ def test_what_register_refuses(clean_registry):
     with pytest.raises(ConfigError, match="takes a subclass of sparkddl.strategies.Strategy"):
         strategies.register(dict)
     assert strategies.REGISTRY["allreduce"] is strategies.BUILT_IN[0]
+
+
+def test_every_built_in_option_is_typed_and_described():
+    import dataclasses
+
+    from sparkddl.strategies.base import options_of
+    for cls in strategies.BUILT_IN:
+        described = options_of(cls)
+        assert [o["name"] for o in described] == list(cls.OPTIONS)
+        assert all(o["doc"] and o["type"] for o in described), cls.name
+        assert dataclasses.is_dataclass(cls.Options)
+    ssp = {o["name"]: o for o in options_of(strategies.REGISTRY["ssp"])}
+    assert ssp["min_staleness"]["type"] == "int | None" and ssp["staleness"]["default"] == 3
+    made = strategies.create("local_sgd", {"period": 4})
+    assert made.settings.period == 4 and made.settings.warmup_steps == 0
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        made.settings.period = 5
