@@ -18,6 +18,7 @@ MODES = ("auto", "min", "max")  # whether a lower or a higher bestBy is better
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 SCHEDULER_INTERVALS = ("epoch", "step")
 NON_FINITE = ("raise", "skip_batch")
+EVALUATIONS = ("auto", "driver", "ranks")  # where snapshots are evaluated
 _NO_DEFAULT = object()
 
 
@@ -180,6 +181,13 @@ class TrainConfig:
                        param="seed", convert="toInt", preset="data", check=_non_negative_int)
     snapshot_every: int = option(1, "hand a model snapshot to the driver every N epochs",
                                  param="snapshotEvery", convert="toInt", check=_positive_int)
+    evaluation: str = option(
+        "auto", "where snapshots are evaluated on the validation split: driver (its own "
+        "process streams the whole split for every snapshot), ranks (each rank its share of "
+        "the split's row groups, the metrics merged exactly over the ranks; the ranks pause "
+        "while they evaluate), auto (ranks from 1,000,000 validation rows where every rank "
+        "gets a row group, else driver)", param="evaluation", convert="toString",
+        choices=EVALUATIONS)
     best_by: str | None = option(
         None, "metric choosing the best snapshot (val_loss, val_accuracy, train_loss, ...); "
         "default val_loss, or train_loss without validation", param="bestBy")

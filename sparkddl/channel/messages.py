@@ -108,11 +108,13 @@ class Epoch(Body):
 
 @dataclass(frozen=True)
 class Snapshot(Body):
-    """Model weights as torch.save bytes in the payload, or at ``url`` in the Store."""
+    """Model weights as torch.save bytes in the payload, or at ``url`` in the Store;
+    ``metrics``: the validation metrics, where the ranks evaluated the snapshot."""
     KIND: ClassVar[str] = "snapshot"
     epoch: int
     final: bool = False
     url: str | None = None
+    metrics: dict[str, float] | None = None
 
 
 @dataclass(frozen=True)

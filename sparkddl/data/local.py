@@ -15,10 +15,11 @@ STREAM_ROWS = 65_536  # rows decoded at once on the driver
 READ_BUFFER = 1 << 20  # bytes read ahead from a file: pages, not whole column chunks
 
 
-def row_groups(dataset: Dataset) -> Iterator[Chunk]:
+def row_groups(dataset: Dataset, rank: int = 0, world: int = 1) -> Iterator[Chunk]:
     """Every row group of ``dataset`` in order (Petastorm's), decoded, with its split's rows
     only, streamed in parts of at most ``STREAM_ROWS`` rows: a large row group is never
-    whole in memory."""
+    whole in memory. With ``world`` > 1, row group i only where i % world == rank (the
+    training shards' rule): every row in exactly one rank's share."""
     import pyarrow as pa
 
     store = Store.from_uri(dataset.url)
@@ -28,7 +29,9 @@ def row_groups(dataset: Dataset) -> Iterator[Chunk]:
     sel = dataset.selection
     if dataset.files:  # read in place: a file removed since must not just go missing
         check_unchanged(fs, root, dataset.files, "the driver")
-    for group in list_row_groups(fs, root):
+    for i, group in enumerate(list_row_groups(fs, root)):
+        if i % world != rank:
+            continue
         start = 0
         for part in _parts(fs, group, sel.read_columns(names) if sel else names):
             table = pa.Table.from_batches([part])
@@ -48,12 +51,13 @@ def _parts(fs: Any, group: RowGroup, columns: list[str]) -> Iterator[Any]:
                                   use_threads=False, columns=columns)
 
 
-def batches(dataset: Dataset, size: int) -> Iterator[Chunk]:
-    """The rows of ``dataset`` in :func:`row_groups` order, cut into batches of exactly
-    ``size`` rows (the last one shorter): the same batches whatever the row-group sizes."""
+def batches(dataset: Dataset, size: int, rank: int = 0, world: int = 1) -> Iterator[Chunk]:
+    """The rows of ``dataset`` (``rank``'s share of ``world``) in :func:`row_groups` order,
+    cut into batches of exactly ``size`` rows (the last one shorter): the same batches
+    whatever the row-group sizes."""
     pending: list[Chunk] = []
     held = 0
-    for chunk in row_groups(dataset):
+    for chunk in row_groups(dataset, rank, world):
         pending.append(chunk)
         held += len(next(iter(chunk.values())))
         while held >= size:
@@ -85,3 +89,17 @@ def read_rows(dataset: Dataset, limit: int | None = None) -> Chunk:
         return {c.name: np.zeros((0, *c.shape), dtype=c.dtype) for c in dataset.columns}
     out = _concat(chunks)
     return {n: v[:limit] for n, v in out.items()} if limit is not None else out
+
+
+def validation_batches(dataset: Dataset, transform: Any, shapes: Any, where: str,
+                       rank: int = 0, world: int = 1, size: int = 1024) -> Iterator[Any]:
+    """``rank``'s share of a validation split as batches of torch tensors, through the
+    transformFn if there is one (``where`` names the place in its errors)."""
+    from sparkddl.data.batching import to_tensors
+    if transform is None:
+        yield from map(to_tensors, batches(dataset, size, rank, world))
+        return
+    from sparkddl.data.transform import Shapes, apply
+    seen = Shapes(shapes)
+    for i, batch in enumerate(batches(dataset, size, rank, world)):
+        yield apply(transform, batch, f"{where}, validation batch {i}", seen)

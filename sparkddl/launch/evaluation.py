@@ -12,19 +12,17 @@ from typing import Any, Callable
 
 from sparkddl import checkpoint
 from sparkddl.checkpoint.safe import load_plain
+from sparkddl.errors import ConfigError
 from sparkddl.channel import messages
 from sparkddl.data import Dataset
-from sparkddl.data.batching import to_tensors
-from sparkddl.data.local import batches
+from sparkddl.data.local import validation_batches
 from sparkddl.store import Store
 from sparkddl.launch.callbacks import Callbacks
 from sparkddl.train.components import build_module
-from sparkddl.train.metrics import ExactMetric, per_batch
+from sparkddl.train.evaluate import EVAL_BATCH, RANKS_FROM_ROWS, evaluate
 from sparkddl.train.steps import LossFn
 
 log = logging.getLogger(__name__)
-
-EVAL_BATCH = 1024
 
 
 @dataclass
@@ -192,7 +190,10 @@ class SnapshotEvaluator:
         state = load_plain(data, snapshot.url or f"the snapshot of epoch {epoch} from rank 0",
                            map_location="cpu")
         snap = Snapshot(epoch, state)
-        scores = self._evaluate(state) if self.val is not None else {}
+        if snapshot.metrics is not None:  # the ranks evaluated it (evaluation="ranks")
+            scores = dict(snapshot.metrics)
+        else:
+            scores = self._evaluate(state) if self.val is not None else {}
         with self._lock:
             row = self.rows.setdefault(epoch, {"epoch": epoch})
             row.update(scores)
@@ -228,38 +229,31 @@ class SnapshotEvaluator:
                      b.snap.epoch if b.snap else -1)
             reply(messages.Stop(snap.epoch).header())
 
-    def _batches(self) -> Any:
-        """The validation split as tensor batches, through the transformFn if there is one."""
-        assert self.val is not None
-        if self.transform is None:
-            yield from map(to_tensors, batches(self.val, EVAL_BATCH))
-            return
-        from sparkddl.data.transform import Shapes, apply
-        shapes = Shapes(self.transform_shapes)
-        for i, batch in enumerate(batches(self.val, EVAL_BATCH)):
-            yield apply(self.transform, batch, f"the driver, validation batch {i}", shapes)
-
     def _evaluate(self, state: dict[str, Any]) -> dict[str, float]:
-        import torch
         assert self.val is not None
         self.module.load_state_dict(state)
-        self.module.eval()
-        n_total = 0
-        means = per_batch(self.metrics)
-        exact = {k: m.make() for k, m in self.metrics.items() if isinstance(m, ExactMetric)}
-        sums = {"val_loss": 0.0, **{f"val_{k}": 0.0 for k in means}}
-        with torch.no_grad():
-            for batch in self._batches():
-                loss, output, target = self.step(self.module, batch)
-                n = len(batch[self.step.labels[0]])
-                n_total += n
-                sums["val_loss"] += float(loss) * n
-                for k, fn in means.items():
-                    sums[f"val_{k}"] += float(fn(output, target)) * n
-                for k, state in exact.items():  # whole-set state, not a mean of batches
-                    state.update(*self.metrics[k].inputs(output, target))
-        out = {k: v / max(n_total, 1) for k, v in sums.items()}
-        for k, state in exact.items():
-            out[f"val_{k}"] = float(state.compute()) if n_total else float("nan")
-        return {"val_loss": out.pop("val_loss"), **{f"val_{k}": out[f"val_{k}"]
-                                                     for k in self.metrics}}
+        return evaluate(self.module, self.step, self.metrics,
+                        validation_batches(self.val, self.transform, self.transform_shapes,
+                                           "the driver", size=EVAL_BATCH))
+
+
+def evaluation_on_ranks(config: Any, val: Dataset | None) -> bool:
+    """Whether the ranks evaluate the snapshots (evaluation="ranks", or "auto" with a large
+    split), rather than the driver; a ConfigError where "ranks" cannot be done."""
+    if val is None or config.evaluation == "driver":
+        return False
+    why = ""
+    if config.strategy == "fsdp":
+        why = "strategy 'fsdp' gathers the whole model on rank 0 only"
+    elif len(val.row_groups) < config.num_workers:
+        why = (f"the validation split has {len(val.row_groups)} row group(s) for "
+               f"{config.num_workers} ranks, and each rank evaluates whole row groups")
+    if config.evaluation == "ranks":
+        if why:
+            raise ConfigError(f"evaluation='ranks' is not possible here: {why}; use "
+                              "evaluation='driver' (or 'auto')")
+        return True
+    chosen = not why and val.rows >= RANKS_FROM_ROWS
+    log.info("evaluation: on the %s (evaluation='auto', %d validation rows%s)",
+             "ranks" if chosen else "driver", val.rows, f"; {why}" if why else "")
+    return chosen

@@ -23,7 +23,8 @@ from sparkddl.launch.callbacks import Callbacks
 from sparkddl.launch.checks import ProblemInfo
 from sparkddl.session import cluster_context
 from sparkddl.launch.elastic import check_elastic, resized
-from sparkddl.launch.evaluation import EvaluationResult, SnapshotEvaluator
+from sparkddl.launch.evaluation import (EvaluationResult, SnapshotEvaluator,
+                                        evaluation_on_ranks)
 from sparkddl.launch.inputs import check_best_by_early, fit_inputs, shard_plan
 from sparkddl.launch.launcher import launch_ranks, new_run_id
 from sparkddl.launch.monitor import Handlers
@@ -127,11 +128,14 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
     run_id = config.run_id or new_run_id()
     plan = shard_plan(data, config, config.num_workers, inputs.transform_shapes)
     _record_run(store, run_id, data, config, plan.steps_per_epoch)
+    on_ranks = evaluation_on_ranks(config, data.val)
     spec = TrainSpec(config, run_id=run_id, model_factory=inputs.factory,
                      optimizer=inputs.optimizer, loss=inputs.loss,
                      metrics=per_batch(inputs.metrics),
                      plan=plan, store_root=store.root, scheduler=inputs.scheduler,
-                     step_fn=inputs.step_fn, strategies=strategies.registered())
+                     step_fn=inputs.step_fn, strategies=strategies.registered(),
+                     val=data.val if on_ranks else None,
+                     eval_metrics=dict(inputs.metrics) if on_ranks else {})
     evaluator = SnapshotEvaluator(inputs.factory, inputs.step_fn, inputs.metrics, data.val,
                                   inputs.best_by, best_mode(inputs.best_by, config.best_mode),
                                   config.early_stopping_patience, store, run_id,

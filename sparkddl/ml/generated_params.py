@@ -143,6 +143,10 @@ class HasTorchEstimatorParams(HasTorchModelParams, HasSeed):
         Params._dummy(), 'snapshotEvery',
         'hand a model snapshot to the driver every N epochs',
         typeConverter=TypeConverters.toInt)
+    evaluation: Param[str] = Param(
+        Params._dummy(), 'evaluation',
+        "where snapshots are evaluated on the validation split: driver (its own process streams the whole split for every snapshot), ranks (each rank its share of the split's row groups, the metrics merged exactly over the ranks; the ranks pause while they evaluate), auto (ranks from 1,000,000 validation rows where every rank gets a row group, else driver) (one of: auto, driver, ranks)",
+        typeConverter=TypeConverters.toString)
     bestBy: Param[str | None] = Param(
         Params._dummy(), 'bestBy',
         'metric choosing the best snapshot (val_loss, val_accuracy, train_loss, ...); default val_loss, or train_loss without validation',
@@ -281,15 +285,15 @@ class HasTorchEstimatorParams(HasTorchModelParams, HasSeed):
         self._setDefault(model=None, optimizer=None, loss=None, callbacks=None, mlflow=None,
                 labelCol='label', sampleWeightCol=None, epochs=10, batchSize=32, numWorkers=2,
                 validation=None, store='file:///tmp/sparkddl', seed=0, snapshotEvery=1,
-                bestBy=None, bestByMode='auto', earlyStoppingPatience=0, finalWeights='best',
-                learningRate=None, metrics=None, shuffleBufferSize=10000, readerWorkers=2,
-                readerPool='thread', reader='auto', useGpu=False, timeout=None, lrScheduler=None,
-                lrSchedulerOptions={}, lrSchedulerInterval='epoch', precision='32',
-                backwardPassesPerStep=1, gradientClipNorm=None, gradientClipValue=None,
-                transformFn=None, trainStep=None, onNonFiniteLoss='raise', strategy='allreduce',
-                strategyOptions={}, progress=True, checkpointEvery=1, checkpointEverySteps=0,
-                keepCheckpoints=3, maxRestarts=2, minWorkers=None, slotWaitTimeout=120.0,
-                runId=None, watchdogTimeout='auto')
+                evaluation='auto', bestBy=None, bestByMode='auto', earlyStoppingPatience=0,
+                finalWeights='best', learningRate=None, metrics=None, shuffleBufferSize=10000,
+                readerWorkers=2, readerPool='thread', reader='auto', useGpu=False, timeout=None,
+                lrScheduler=None, lrSchedulerOptions={}, lrSchedulerInterval='epoch',
+                precision='32', backwardPassesPerStep=1, gradientClipNorm=None,
+                gradientClipValue=None, transformFn=None, trainStep=None, onNonFiniteLoss='raise',
+                strategy='allreduce', strategyOptions={}, progress=True, checkpointEvery=1,
+                checkpointEverySteps=0, keepCheckpoints=3, maxRestarts=2, minWorkers=None,
+                slotWaitTimeout=120.0, runId=None, watchdogTimeout='auto')
 
     def setModel(self, value: Any) -> Self:
         """Sets model: torch.nn.Module, zero-argument factory returning one, or a name (mlp, cnn, package.module:factory)"""
@@ -398,6 +402,14 @@ class HasTorchEstimatorParams(HasTorchModelParams, HasSeed):
     def getSnapshotEvery(self) -> int:
         """snapshotEvery: hand a model snapshot to the driver every N epochs"""
         return self.getOrDefault(self.snapshotEvery)
+
+    def setEvaluation(self, value: str) -> Self:
+        """Sets evaluation: where snapshots are evaluated on the validation split: driver (its own process streams the whole split for every snapshot), ranks (each rank its share of the split's row groups, the metrics merged exactly over the ranks; the ranks pause while they evaluate), auto (ranks from 1,000,000 validation rows where every rank gets a row group, else driver) (one of: auto, driver, ranks)"""
+        return self._set(evaluation=value)
+
+    def getEvaluation(self) -> str:
+        """evaluation: where snapshots are evaluated on the validation split: driver (its own process streams the whole split for every snapshot), ranks (each rank its share of the split's row groups, the metrics merged exactly over the ranks; the ranks pause while they evaluate), auto (ranks from 1,000,000 validation rows where every rank gets a row group, else driver) (one of: auto, driver, ranks)"""
+        return self.getOrDefault(self.evaluation)
 
     def setBestBy(self, value: str | None) -> Self:
         """Sets bestBy: metric choosing the best snapshot (val_loss, val_accuracy, train_loss, ...); default val_loss, or train_loss without validation"""
@@ -673,9 +685,9 @@ class TorchEstimatorBase(Estimator, HasTorchEstimatorParams):
             labelCol: str | list[str] = 'label', sampleWeightCol: str | None = None,
             epochs: int = 10, batchSize: int = 32, numWorkers: int = 2,
             validation: float | str | None = None, store: str = 'file:///tmp/sparkddl',
-            seed: int = 0, snapshotEvery: int = 1, bestBy: str | None = None,
-            bestByMode: str = 'auto', earlyStoppingPatience: int = 0, finalWeights: str = 'best',
-            learningRate: float | None = None, metrics: Any = None,
+            seed: int = 0, snapshotEvery: int = 1, evaluation: str = 'auto',
+            bestBy: str | None = None, bestByMode: str = 'auto', earlyStoppingPatience: int = 0,
+            finalWeights: str = 'best', learningRate: float | None = None, metrics: Any = None,
             featureShapes: dict[str, list[int]] = {}, shuffleBufferSize: int = 10000,
             readerWorkers: int = 2, readerPool: str = 'thread', reader: str = 'auto',
             useGpu: bool = False, timeout: float | None = None, lrScheduler: Any = None,
@@ -699,9 +711,9 @@ class TorchEstimatorBase(Estimator, HasTorchEstimatorParams):
             labelCol: str | list[str] = 'label', sampleWeightCol: str | None = None,
             epochs: int = 10, batchSize: int = 32, numWorkers: int = 2,
             validation: float | str | None = None, store: str = 'file:///tmp/sparkddl',
-            seed: int = 0, snapshotEvery: int = 1, bestBy: str | None = None,
-            bestByMode: str = 'auto', earlyStoppingPatience: int = 0, finalWeights: str = 'best',
-            learningRate: float | None = None, metrics: Any = None,
+            seed: int = 0, snapshotEvery: int = 1, evaluation: str = 'auto',
+            bestBy: str | None = None, bestByMode: str = 'auto', earlyStoppingPatience: int = 0,
+            finalWeights: str = 'best', learningRate: float | None = None, metrics: Any = None,
             featureShapes: dict[str, list[int]] = {}, shuffleBufferSize: int = 10000,
             readerWorkers: int = 2, readerPool: str = 'thread', reader: str = 'auto',
             useGpu: bool = False, timeout: float | None = None, lrScheduler: Any = None,

@@ -24,6 +24,7 @@ from sparkddl.task.dist import device, init_process_group
 from sparkddl.errors import NonFiniteLossError
 from sparkddl.train import optimization, resume
 from sparkddl.train.components import build_module
+from sparkddl.train.evaluate import RankEvaluator
 from sparkddl.train.feed import DeviceFeed
 from sparkddl.train.spec import TrainSpec
 
@@ -72,6 +73,8 @@ class _Run:
         self.loss_fn = spec.loss_fn()
         self.loss_phase = lambda: self.mark("computing the loss")
         self.reporter = _Reporter(self.ctx, spec)
+        self.evaluate = RankEvaluator(spec, self.dev, self.ctx.rank, self.ctx.world_size) \
+            if spec.val is not None else None
         self.last_loss: Any = None
         self.epoch_lr = 0.0  # the learning rate as the current epoch started
         self.skipped = 0  # batches skipped for a non-finite loss, this epoch
@@ -114,7 +117,8 @@ def train(spec: TrainSpec) -> dict[str, Any]:
                 state = run.strategy.full_state_dict(run.module)
             else:  # replicas that may differ are averaged (on copies) for the snapshot
                 state = run.strategy.snapshot_state(run.module)
-            run.reporter.snapshot(epoch, state, final=last)
+            metrics = run.evaluate(state, epoch) if run.evaluate is not None else None
+            run.reporter.snapshot(epoch, state, final=last, metrics=metrics)
         every = spec.config.checkpoint_every
         if regrow or (every and epoch % every == 0 and not last):
             run.checkpoint(epoch, 0, _zeros(run))
@@ -310,7 +314,8 @@ class _Reporter:
         if self.active:
             self.ctx.channel.post(Epoch(row))
 
-    def snapshot(self, epoch: int, state: dict[str, Any], final: bool) -> None:
+    def snapshot(self, epoch: int, state: dict[str, Any], final: bool,
+                 metrics: dict[str, float] | None = None) -> None:
         if not self.active:
             return
         import torch
@@ -321,7 +326,7 @@ class _Reporter:
         offline = getattr(self.ctx.channel, "offline", False)  # kept until the task ends
         if not offline and len(data) <= min(self.spec.config.snapshot_channel_bytes,
                                             protocol.DEFAULT_MAX_PAYLOAD_BYTES):
-            self.ctx.channel.post(Snapshot(epoch, final), data)
+            self.ctx.channel.post(Snapshot(epoch, final, metrics=metrics), data)
             return
         # large models: through the Store, with only a notice on the channel
         store = Store.from_uri(self.spec.store_root)
@@ -331,4 +336,4 @@ class _Reporter:
                             f"epoch-{epoch:05d}-attempt-{self.ctx.attempt}.pt")
         checkpoint.check_fence(store, self.spec.run_id, self.spec.fence)
         store.write_bytes(url, data)
-        self.ctx.channel.post(Snapshot(epoch, final, url))
+        self.ctx.channel.post(Snapshot(epoch, final, url, metrics))

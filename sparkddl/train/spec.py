@@ -5,6 +5,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from sparkddl.config import TrainConfig
+from sparkddl.data.dataset import Dataset
 from sparkddl.data.plan import ShardPlan
 from sparkddl.train.components import OptimizerRecipe
 from sparkddl.train.optimization import SchedulerRecipe
@@ -31,6 +32,10 @@ class TrainSpec:
     step_fn: LossFn | None = None  # None: model(*features), loss(output, label)
     # strategies registered on the driver beyond the built-in ones, registered on each rank
     strategies: dict[str, Any] = field(default_factory=dict)
+    # evaluation="ranks": the validation split, and the metrics (exact ones included) the
+    # ranks evaluate each snapshot with; None: the driver evaluates
+    val: Dataset | None = None
+    eval_metrics: dict[str, Any] = field(default_factory=dict)
 
     def loss_fn(self) -> LossFn:
         if self.step_fn is not None:

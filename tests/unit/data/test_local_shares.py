@@ -1,0 +1,45 @@
+"""The driver's streamed reads, and a rank's share of a validation split: row group i goes to
+rank i % world, every row to exactly one rank, in batches of exactly the size asked."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from sparkddl.data.dataset import Dataset
+from sparkddl.data.local import batches, validation_batches
+from sparkddl.data.schema import ColumnSpec
+
+COLUMNS = (ColumnSpec("id", "extra", "scalar", "int64"),
+           ColumnSpec("x", "feature", "scalar", "float32"))
+
+
+@pytest.fixture
+def dataset(tmp_path) -> Dataset:
+    sizes, start = [7, 30, 1, 12, 25], 0
+    with pq.ParquetWriter(tmp_path / "part-0.parquet",
+                          pa.schema([("id", pa.int64()), ("x", pa.float32())])) as w:
+        for n in sizes:
+            ids = np.arange(start, start + n)
+            w.write_table(pa.table({"id": ids, "x": ids.astype(np.float32)}),
+                          row_group_size=n)
+            start += n
+    return Dataset(f"file://{tmp_path}", COLUMNS, tuple(sizes))
+
+
+@pytest.mark.parametrize("world", [1, 2, 3])
+def test_every_row_in_exactly_one_ranks_share(dataset, world):
+    shares = [np.concatenate([b["id"] for b in batches(dataset, 8, r, world)])
+              for r in range(world)]
+    assert sorted(np.concatenate(shares).tolist()) == list(range(75))
+    bounds = np.cumsum([0, 7, 30, 1, 12, 25])
+    for r, ids in enumerate(shares):  # row group g (ids bounds[g]..) belongs to rank g % world
+        groups = {int(np.searchsorted(bounds, i, side="right")) - 1 for i in ids.tolist()}
+        assert groups == {g for g in range(5) if g % world == r}
+
+
+def test_validation_batches_are_tensors_of_the_size_asked(dataset):
+    out = list(validation_batches(dataset, None, (), "here", 1, 2, size=10))
+    assert [len(b["id"]) for b in out] == [10, 10, 10, 10, 2]  # 42 rows: groups 1 and 3
+    assert all(b["x"].dtype.is_floating_point for b in out)
