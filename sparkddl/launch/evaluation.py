@@ -7,6 +7,7 @@ import logging
 import math
 import queue
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
@@ -192,8 +193,12 @@ class SnapshotEvaluator:
         snap = Snapshot(epoch, state)
         if snapshot.metrics is not None:  # the ranks evaluated it (evaluation="ranks")
             scores = dict(snapshot.metrics)
+        elif self.val is not None:
+            started = time.perf_counter()
+            scores = self._evaluate(state)
+            scores["val_time_s"] = time.perf_counter() - started
         else:
-            scores = self._evaluate(state) if self.val is not None else {}
+            scores = {}
         with self._lock:
             row = self.rows.setdefault(epoch, {"epoch": epoch})
             row.update(scores)

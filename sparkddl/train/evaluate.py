@@ -4,6 +4,7 @@ the sums and torchmetrics states merged over the ranks), so every metric is the 
 whichever computed it, up to the order of floating-point additions."""
 from __future__ import annotations
 
+import time
 from typing import Any, Callable, Iterable
 
 from sparkddl.train.metrics import ExactMetric, per_batch
@@ -67,12 +68,14 @@ class RankEvaluator:
         if self.module is None:  # built once, without touching training's random state
             with torch.random.fork_rng(devices=[]):
                 self.module = build_module(spec.model_factory).to(self.dev)
+        started = time.perf_counter()
         self.module.load_state_dict(state)
         where = f"rank {self.rank}, epoch {epoch}"
         batches = ({k: v.to(self.dev) for k, v in b.items()} for b in validation_batches(
             spec.val, spec.plan.transform, spec.plan.transform_shapes, where, self.rank,
             self.world, EVAL_BATCH))
-        return evaluate(self.module, spec.loss_fn(), spec.eval_metrics, batches, _allreduce)
+        out = evaluate(self.module, spec.loss_fn(), spec.eval_metrics, batches, _allreduce)
+        return {**out, "val_time_s": time.perf_counter() - started}  # rank 0's, as sent
 
 
 def _allreduce(sums: Any) -> Any:

@@ -49,6 +49,7 @@ def test_ranks_and_driver_give_the_same_metrics_best_snapshot_and_stop(digits, t
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-9)  # same training
         for k in keys:
             assert math.isfinite(a[k]) and a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-9), k
+    assert all(r["val_time_s"] > 0 for r in on_driver.history + on_ranks.history)
     assert on_ranks.chosen_epoch == on_driver.chosen_epoch
     assert on_ranks.stopped_early == on_driver.stopped_early
     assert on_ranks.epochs_done == on_driver.epochs_done
