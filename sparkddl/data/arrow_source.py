@@ -34,6 +34,8 @@ def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
     filesystem = store.filesystem()
     root = store.fs_path(plan.url)
     groups = list_row_groups(filesystem, root)
+    if plan.selection is not None:  # split by whole row groups: the other side's, unread
+        groups = plan.selection.groups_of_side(root, groups)
     rng = np.random.default_rng([plan.seed, epoch, rank, part])
     if not plan.stride:
         shard, count = sub_shard(plan, rank, part, parts)

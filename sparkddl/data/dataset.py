@@ -28,8 +28,16 @@ class Dataset:
     def rows(self) -> int:
         return sum(self.row_groups)
 
+    @property
+    def shared_groups(self) -> list[int]:
+        """Rows of the row groups the ranks share out: a split by whole row groups leaves
+        the other side's out (the readers skip them)."""
+        if self.selection is not None and self.selection.groups:
+            return [r for r in self.row_groups if r]
+        return list(self.row_groups)
+
     def plan(self, world: int, batch_size: int, **reader: Any) -> ShardPlan:
-        return plan_shards(self.url, self.columns, list(self.row_groups), world, batch_size,
+        return plan_shards(self.url, self.columns, self.shared_groups, world, batch_size,
                            selection=self.selection, files=self.files, **reader)
 
     def to_json(self, base_url: str = "") -> dict[str, Any]:

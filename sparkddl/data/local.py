@@ -29,7 +29,10 @@ def row_groups(dataset: Dataset, rank: int = 0, world: int = 1) -> Iterator[Chun
     sel = dataset.selection
     if dataset.files:  # read in place: a file removed since must not just go missing
         check_unchanged(fs, root, dataset.files, "the driver")
-    for i, group in enumerate(list_row_groups(fs, root)):
+    groups = list_row_groups(fs, root)
+    if sel is not None:  # split by whole row groups: the other side's, unread
+        groups = sel.groups_of_side(root, groups)
+    for i, group in enumerate(groups):
         if i % world != rank:
             continue
         start = 0

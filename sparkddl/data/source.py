@@ -15,7 +15,8 @@ from sparkddl.data.dataset import Dataset, PreparedData
 from sparkddl.data.plan import (RowGroup, check_enough_rows, data_files, list_row_groups,
                                 needs_stride, parquet_file)
 from sparkddl.data.schema import ColumnSpec, DataSpec, check_columns, column_spec
-from sparkddl.data.split import Selection, column_rows, fraction_rows
+from sparkddl.data.split import (GROUP_SPLIT_MIN, Selection, column_rows, fraction_rows,
+                                 group_chosen)
 from sparkddl.errors import DataError
 from sparkddl.store import Store
 
@@ -204,25 +205,48 @@ def prepare_table(url: str, spec: DataSpec, *, num_workers: int, batch_size: int
     else:
         fraction = validation if isinstance(validation, float) else 0.0
         column = validation if isinstance(validation, str) else None
-        val_rows = _validation_counts(fs, root, groups, fraction, seed, column)
+        by_groups = _by_groups(fs, root, groups, fraction, seed) if column is None else None
+        val_rows = by_groups or _validation_counts(fs, root, groups, fraction, seed, column)
         train_rows = tuple(g.rows - v for g, v in zip(groups, val_rows))
         if not sum(val_rows):
             raise DataError(f"the validation split selected no rows out of {whole.rows}; raise "
                             "validation or mark some rows in the validation column")
         train = Dataset(whole.url, keep, train_rows,
-                        Selection("train", fraction, seed, column), files)
+                        Selection("train", fraction, seed, column, bool(by_groups)), files)
         val = Dataset(whole.url, keep, tuple(val_rows),
-                      Selection("val", fraction, seed, column), files)
+                      Selection("val", fraction, seed, column, bool(by_groups)), files)
     if not train.rows:
         raise DataError(f"the validation split left no training rows out of {whole.rows}")
     check_enough_rows(train.rows, num_workers, batch_size)
-    if needs_stride(list(train.row_groups), num_workers, batch_size):
+    if needs_stride(train.shared_groups, num_workers, batch_size):
         return (f"its {len(groups)} row group(s) cannot be shared evenly by {num_workers} "
                 "ranks")
     identity = {"table": files, "columns": [c.to_json() for c in keep],
                 "validation": validation, "seed": seed}
     return PreparedData(train, val, fp.fingerprint(identity), source=url, in_place=True,
                         label_ranges=label_ranges(fs, groups, keep))
+
+
+def _by_groups(fs: Any, root: str, groups: list[RowGroup], fraction: float, seed: int
+               ) -> list[int] | None:
+    """Validation rows of every row group for a split by whole row groups, or None where
+    the table has too few row groups for one (or the draws leave a side empty): then the
+    split is per row, which reads every row group for either side."""
+    if len(groups) < GROUP_SPLIT_MIN:
+        log.info("data: validation=%g split per row inside each row group: the table has %d "
+                 "row group(s), fewer than %d (every row group is read for either side)",
+                 fraction, len(groups), GROUP_SPLIT_MIN)
+        return None
+    rows = [g.rows if group_chosen(fraction, seed, root, g.path, g.index) else 0
+            for g in groups]
+    if not any(rows) or all(rows):
+        log.info("data: validation=%g split per row: the draws by row group left a side "
+                 "empty", fraction)
+        return None
+    log.info("data: validation=%g split by whole row groups: %d of %d row groups (%d of %d "
+             "rows) held out; readers skip the other side's row groups", fraction,
+             sum(1 for r in rows if r), len(groups), sum(rows), sum(g.rows for g in groups))
+    return rows
 
 
 def _validation_counts(fs: Any, root: str, groups: list[RowGroup], fraction: float, seed: int,

@@ -9,6 +9,13 @@ so both parts are the same files with a selection applied to every row group as 
   does in the materialized split: the count is binomial, not exact, and the rows chosen are
   not the ones the materialized split chooses with the same seed. The split is reproducible
   while the files are unchanged; rewriting (compacting) a table reshuffles it.
+- by fraction, whole row groups (``groups``): where the table has at least
+  ``GROUP_SPLIT_MIN`` row groups, a row group goes to validation whole when one seeded draw
+  for it (the same seed, path and index) falls below the fraction. Readers then skip the
+  other side's row groups unread: a snapshot's evaluation reads the validation groups
+  only, and training the training groups only. The share is that of row groups (rows of
+  one row group were usually written together and may be alike: tables sorted by a column
+  split by that column's ranges, which the per-row split does not).
 - by column: a row is a validation row when its boolean / 0-1 column is true / 1.
 
 The driver counts the selected rows of every row group when planning (the fraction from the
@@ -27,6 +34,8 @@ import numpy as np
 from sparkddl.errors import DataError
 
 TAKES = ("train", "val")
+# from this many row groups, a fraction split goes by whole row groups
+GROUP_SPLIT_MIN = 16
 
 
 @dataclass(frozen=True)
@@ -37,10 +46,26 @@ class Selection:
     fraction: float = 0.0
     seed: int = 0
     column: str | None = None  # split by a boolean / 0-1 column instead of a fraction
+    groups: bool = False  # a fraction split by whole row groups
 
     def __post_init__(self) -> None:
         assert self.take in TAKES, self.take
         assert (self.column is None) == (0 < self.fraction < 1), (self.column, self.fraction)
+
+    def skips(self, root: str, path: str, index: int) -> bool:
+        """Whether row group ``index`` of ``path`` holds none of this side's rows, known
+        without reading it (a split by whole row groups)."""
+        if not self.groups:
+            return False
+        return group_chosen(self.fraction, self.seed, root, path, index) != (self.take == "val")
+
+    def groups_of_side(self, root: str, groups: list[Any]) -> list[Any]:
+        """``groups`` (RowGroups, in order) that hold this side's rows: all of them for a
+        split inside row groups; for one by whole row groups, this side's non-empty ones,
+        which the readers then share out as if they were the whole table."""
+        if not self.groups:
+            return groups
+        return [g for g in groups if g.rows and not self.skips(root, g.path, g.index)]
 
     def read_columns(self, names: list[str]) -> list[str]:
         """The columns to read so that :meth:`apply` can select rows."""
@@ -65,6 +90,9 @@ class Selection:
 
 def validation_rows(sel: Selection, root: str, path: str, index: int, table: Any,
                     start: int = 0, group_rows: int | None = None) -> np.ndarray:
+    if sel.groups:
+        chosen = group_chosen(sel.fraction, sel.seed, root, path, index)
+        return np.full(table.num_rows, chosen)
     if sel.column is None:
         rows = fraction_rows(sel.fraction, sel.seed, root, path, index,
                              table.num_rows if group_rows is None else group_rows)
@@ -77,6 +105,14 @@ def fraction_rows(fraction: float, seed: int, root: str, path: str, index: int,
     rel = posixpath.relpath(path, root) if root and path != root else posixpath.basename(path)
     rng = np.random.default_rng([seed, zlib.crc32(rel.encode()), index])
     return rng.random(rows) < fraction
+
+
+def group_chosen(fraction: float, seed: int, root: str, path: str, index: int) -> bool:
+    """Whether row group ``index`` of ``path`` goes to validation whole (a draw of its own,
+    not the per-row draws)."""
+    rel = posixpath.relpath(path, root) if root and path != root else posixpath.basename(path)
+    return bool(np.random.default_rng([seed, zlib.crc32(rel.encode()), index, 1]).random()
+                < fraction)
 
 
 def column_rows(name: str, values: Any, where: str) -> np.ndarray:

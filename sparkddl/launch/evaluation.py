@@ -250,8 +250,8 @@ def evaluation_on_ranks(config: Any, val: Dataset | None) -> bool:
     why = ""
     if config.strategy == "fsdp":
         why = "strategy 'fsdp' gathers the whole model on rank 0 only"
-    elif len(val.row_groups) < config.num_workers:
-        why = (f"the validation split has {len(val.row_groups)} row group(s) for "
+    elif len(val.shared_groups) < config.num_workers:
+        why = (f"the validation split has {len(val.shared_groups)} row group(s) for "
                f"{config.num_workers} ranks, and each rank evaluates whole row groups")
     if config.evaluation == "ranks":
         if why:

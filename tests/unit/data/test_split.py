@@ -102,3 +102,61 @@ def test_streaming_a_row_group_in_parts_selects_the_same_rows(tmp_path, monkeypa
         assert (parts["id"] == whole[side.selection.take]["id"]).all()
         streamed = np.concatenate([b["id"] for b in batches(side, 16)])
         assert (streamed == parts["id"]).all()
+
+
+def test_a_table_with_many_row_groups_splits_by_whole_groups_and_skips_the_rest(tmp_path,
+                                                                                  monkeypatch):
+    url = table_dir(tmp_path)  # 27 row groups of 100 rows
+    data = prepare_table(url, DataSpec.of("x", extra="id"), num_workers=2, batch_size=8,
+                         validation=0.3, seed=4)
+    assert data.val.selection.groups and data.train.selection.groups
+    held = [r for r in data.val.row_groups if r]
+    assert set(held) == {100} and 3 <= len(held) <= 15  # whole groups, about 30 %
+    assert [t + v for t, v in zip(data.train.row_groups, data.val.row_groups)] == [100] * 27
+    read: list[int] = []
+    original = pq.ParquetFile.iter_batches
+
+    def recording(self, *args, **kwargs):
+        read.extend(kwargs.get("row_groups") or [])
+        return original(self, *args, **kwargs)
+    monkeypatch.setattr(pq.ParquetFile, "iter_batches", recording)
+    val = read_rows(data.val)["id"]
+    assert len(read) == len(held)  # the training side's row groups were not read
+    assert sorted(set((val // 100).tolist())) == [i for i, r in enumerate(data.val.row_groups)
+                                                  if r]
+    again = prepare_table(url, DataSpec.of("x", extra="id"), num_workers=2, batch_size=8,
+                          validation=0.3, seed=4)
+    assert again.val.row_groups == data.val.row_groups  # reproducible
+
+
+def test_a_table_with_few_row_groups_splits_per_row(tmp_path, caplog):
+    url = table_dir(tmp_path, files=1, rows=900, group=100)  # 9 row groups
+    with caplog.at_level("INFO", logger="sparkddl"):
+        data = prepare_table(url, DataSpec.of("x", extra="id"), num_workers=2, batch_size=8,
+                             validation=0.3, seed=4)
+    assert not data.val.selection.groups
+    assert all(0 < r < 100 for r in data.val.row_groups)  # rows chosen inside every group
+    assert "split per row inside each row group: the table has 9 row group(s)" in caplog.text
+
+
+def test_ranks_read_only_their_sides_whole_row_groups(tmp_path, monkeypatch):
+    import torch
+
+    from sparkddl.data.reader import epoch_batches
+    url = table_dir(tmp_path)
+    data = prepare_table(url, DataSpec.of("x", extra="id"), num_workers=2, batch_size=10,
+                         validation=0.3, seed=4)
+    plan = data.train.plan(2, 10, reader="arrow", reader_pool="dummy")
+    read: list[int] = []
+    original = pq.ParquetFile.read_row_group
+
+    def recording(self, i, *args, **kwargs):
+        read.append(i)
+        return original(self, i, *args, **kwargs)
+    monkeypatch.setattr(pq.ParquetFile, "read_row_group", recording)
+    ids = torch.cat([b["id"] for r in range(2) for b in epoch_batches(plan, r, 0)]).tolist()
+    train_groups = sum(1 for r in data.train.row_groups if r)
+    assert len(read) == train_groups  # each training group once, no validation group
+    val_groups = {i for i, r in enumerate(data.val.row_groups) if r}
+    assert not {i // 100 for i in ids} & val_groups
+    assert len(ids) == len(set(ids)) >= 0.9 * data.train.rows  # equal steps drop a few
