@@ -15,8 +15,8 @@ from sparkddl.data.dataset import Dataset, PreparedData
 from sparkddl.data.plan import (RowGroup, check_enough_rows, data_files, list_row_groups,
                                 needs_stride, parquet_file)
 from sparkddl.data.schema import ColumnSpec, DataSpec, check_columns, column_spec
-from sparkddl.data.split import (GROUP_SPLIT_MIN, Selection, column_rows, fraction_rows,
-                                 group_chosen)
+from sparkddl.data.split import (GROUP_SPLIT_MIN, Selection, choose_groups, column_rows,
+                                 fraction_rows, relative)
 from sparkddl.errors import DataError
 from sparkddl.store import Store
 
@@ -206,15 +206,18 @@ def prepare_table(url: str, spec: DataSpec, *, num_workers: int, batch_size: int
         fraction = validation if isinstance(validation, float) else 0.0
         column = validation if isinstance(validation, str) else None
         by_groups = _by_groups(fs, root, groups, fraction, seed) if column is None else None
-        val_rows = by_groups or _validation_counts(fs, root, groups, fraction, seed, column)
+        val_rows = by_groups[0] if by_groups else \
+            _validation_counts(fs, root, groups, fraction, seed, column)
+        chosen = by_groups[1] if by_groups else frozenset()
         train_rows = tuple(g.rows - v for g, v in zip(groups, val_rows))
         if not sum(val_rows):
             raise DataError(f"the validation split selected no rows out of {whole.rows}; raise "
                             "validation or mark some rows in the validation column")
         train = Dataset(whole.url, keep, train_rows,
-                        Selection("train", fraction, seed, column, bool(by_groups)), files)
+                        Selection("train", fraction, seed, column, bool(by_groups), chosen),
+                        files)
         val = Dataset(whole.url, keep, tuple(val_rows),
-                      Selection("val", fraction, seed, column, bool(by_groups)), files)
+                      Selection("val", fraction, seed, column, bool(by_groups), chosen), files)
     if not train.rows:
         raise DataError(f"the validation split left no training rows out of {whole.rows}")
     check_enough_rows(train.rows, num_workers, batch_size)
@@ -228,7 +231,7 @@ def prepare_table(url: str, spec: DataSpec, *, num_workers: int, batch_size: int
 
 
 def _by_groups(fs: Any, root: str, groups: list[RowGroup], fraction: float, seed: int
-               ) -> list[int] | None:
+               ) -> tuple[list[int], frozenset[tuple[str, int]]] | None:
     """Validation rows of every row group for a split by whole row groups, or None where
     the table has too few row groups for one (or the draws leave a side empty): then the
     split is per row, which reads every row group for either side."""
@@ -237,8 +240,8 @@ def _by_groups(fs: Any, root: str, groups: list[RowGroup], fraction: float, seed
                  "row group(s), fewer than %d (every row group is read for either side)",
                  fraction, len(groups), GROUP_SPLIT_MIN)
         return None
-    rows = [g.rows if group_chosen(fraction, seed, root, g.path, g.index) else 0
-            for g in groups]
+    chosen = choose_groups(fraction, seed, root, groups)
+    rows = [g.rows if (relative(root, g.path), g.index) in chosen else 0 for g in groups]
     if not any(rows) or all(rows):
         log.info("data: validation=%g split per row: the draws by row group left a side "
                  "empty", fraction)
@@ -246,7 +249,7 @@ def _by_groups(fs: Any, root: str, groups: list[RowGroup], fraction: float, seed
     log.info("data: validation=%g split by whole row groups: %d of %d row groups (%d of %d "
              "rows) held out; readers skip the other side's row groups", fraction,
              sum(1 for r in rows if r), len(groups), sum(rows), sum(g.rows for g in groups))
-    return rows
+    return rows, chosen
 
 
 def _validation_counts(fs: Any, root: str, groups: list[RowGroup], fraction: float, seed: int,

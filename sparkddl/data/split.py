@@ -10,8 +10,9 @@ so both parts are the same files with a selection applied to every row group as 
   not the ones the materialized split chooses with the same seed. The split is reproducible
   while the files are unchanged; rewriting (compacting) a table reshuffles it.
 - by fraction, whole row groups (``groups``): where the table has at least
-  ``GROUP_SPLIT_MIN`` row groups, a row group goes to validation whole when one seeded draw
-  for it (the same seed, path and index) falls below the fraction. Readers then skip the
+  ``GROUP_SPLIT_MIN`` row groups, the row groups are ordered by a seeded draw for each (the
+  same seed, path and index) and taken in that order until they hold the fraction of the
+  rows (within half a row group of it): those go to validation whole. Readers then skip the
   other side's row groups unread: a snapshot's evaluation reads the validation groups
   only, and training the training groups only. The share is that of row groups (rows of
   one row group were usually written together and may be alike: tables sorted by a column
@@ -46,7 +47,8 @@ class Selection:
     fraction: float = 0.0
     seed: int = 0
     column: str | None = None  # split by a boolean / 0-1 column instead of a fraction
-    groups: bool = False  # a fraction split by whole row groups
+    groups: bool = False  # a fraction split by whole row groups...
+    chosen: frozenset[tuple[str, int]] = frozenset()  # ...these (path in the table, index)
 
     def __post_init__(self) -> None:
         assert self.take in TAKES, self.take
@@ -57,7 +59,11 @@ class Selection:
         without reading it (a split by whole row groups)."""
         if not self.groups:
             return False
-        return group_chosen(self.fraction, self.seed, root, path, index) != (self.take == "val")
+        return self.holds(root, path, index) != (self.take == "val")
+
+    def holds(self, root: str, path: str, index: int) -> bool:
+        """Whether row group ``index`` of ``path`` went to validation whole."""
+        return (relative(root, path), index) in self.chosen
 
     def groups_of_side(self, root: str, groups: list[Any]) -> list[Any]:
         """``groups`` (RowGroups, in order) that hold this side's rows: all of them for a
@@ -91,8 +97,7 @@ class Selection:
 def validation_rows(sel: Selection, root: str, path: str, index: int, table: Any,
                     start: int = 0, group_rows: int | None = None) -> np.ndarray:
     if sel.groups:
-        chosen = group_chosen(sel.fraction, sel.seed, root, path, index)
-        return np.full(table.num_rows, chosen)
+        return np.full(table.num_rows, sel.holds(root, path, index))
     if sel.column is None:
         rows = fraction_rows(sel.fraction, sel.seed, root, path, index,
                              table.num_rows if group_rows is None else group_rows)
@@ -107,12 +112,25 @@ def fraction_rows(fraction: float, seed: int, root: str, path: str, index: int,
     return rng.random(rows) < fraction
 
 
-def group_chosen(fraction: float, seed: int, root: str, path: str, index: int) -> bool:
-    """Whether row group ``index`` of ``path`` goes to validation whole (a draw of its own,
-    not the per-row draws)."""
-    rel = posixpath.relpath(path, root) if root and path != root else posixpath.basename(path)
-    return bool(np.random.default_rng([seed, zlib.crc32(rel.encode()), index, 1]).random()
-                < fraction)
+def relative(root: str, path: str) -> str:
+    return posixpath.relpath(path, root) if root and path != root else posixpath.basename(path)
+
+
+def choose_groups(fraction: float, seed: int, root: str, groups: list[Any]
+                  ) -> frozenset[tuple[str, int]]:
+    """The row groups (path in the table, index) that go to validation whole: in the order
+    of a seeded draw for each, as many as bring their rows closest to the fraction."""
+    def draw(g: Any) -> float:
+        rel = relative(root, g.path)
+        return float(np.random.default_rng([seed, zlib.crc32(rel.encode()), g.index, 1])
+                     .random())
+    target, held, chosen = fraction * sum(g.rows for g in groups), 0, []
+    for g in sorted(groups, key=draw):
+        if held + g.rows / 2 > target:
+            break
+        chosen.append((relative(root, g.path), g.index))
+        held += g.rows
+    return frozenset(chosen)
 
 
 def column_rows(name: str, values: Any, where: str) -> np.ndarray:

@@ -39,7 +39,9 @@ def stored_data(store) -> list[str]:
 
 @pytest.mark.timeout(240)
 def test_a_parquet_table_is_read_in_place_and_split_inside_row_groups(spark_local, tmp_path,
-                                                                      caplog):
+                                                                      caplog, monkeypatch):
+    # the per-row split of tables with few row groups (this one has 16: split by groups)
+    monkeypatch.setattr("sparkddl.data.source.GROUP_SPLIT_MIN", 10**6)
     path = write_table(spark_local, tmp_path / "table")
     df = spark_local.read.parquet(path).select("x", "y", "id")
     store = str(tmp_path / "store")
@@ -68,6 +70,27 @@ def test_a_parquet_table_is_read_in_place_and_split_inside_row_groups(spark_loca
     for ids in epochs:
         assert len(ids) == len(set(ids)) == used and set(ids) <= set(train)
     assert epochs[0] != epochs[1]
+
+
+@pytest.mark.timeout(180)
+def test_a_table_of_many_row_groups_is_split_by_whole_groups(spark_local, tmp_path, caplog):
+    path = write_table(spark_local, tmp_path / "table")
+    df = spark_local.read.parquet(path).select("x", "y", "id")
+    with caplog.at_level(logging.INFO, logger="sparkddl.data"):
+        prepared = prepare(df, SPEC, num_workers=2, batch_size=16, store=tmp_path / "store",
+                           validation=0.25, seed=3)
+    assert prepared.in_place and prepared.val.selection.groups
+    assert "split by whole row groups" in caplog.text
+    train = read_rows(prepared.train)["id"].tolist()
+    val = read_rows(prepared.val)["id"].tolist()
+    assert sorted(train + val) == list(range(4000)) and not set(train) & set(val)
+    whole = [t + v for t, v in zip(prepared.train.row_groups, prepared.val.row_groups)]
+    assert all(v in (0, w) for v, w in zip(prepared.val.row_groups, whole))  # whole groups
+    assert sum(prepared.val.row_groups) == len(val) > 0
+    plan = prepared.train.plan(2, 16, seed=1)
+    epochs = sparkddl.run(ids_per_epoch, plan, 2, num_workers=2, spark=spark_local, timeout=120)
+    for ids in epochs:  # the ranks read training groups only, every row at most once
+        assert len(ids) == len(set(ids)) == plan.steps_per_epoch * 32 and set(ids) <= set(train)
 
 
 @pytest.mark.timeout(120)
