@@ -51,14 +51,14 @@ def run_prepare(cfg: JobConfig) -> dict[str, Any]:
 
 
 def run_train(cfg: JobConfig) -> dict[str, Any]:
-    from sparkddl.ml import TorchEstimator, params
+    from sparkddl.ml import TorchEstimator, param_schema
 
     out_dir = output_store(cfg)
     spark = spark_session(cfg)
     train_df, test_df = split_data(spark, cfg)
     t = cfg.train_config()
     est = TorchEstimator(model=_model(cfg), optimizer=_optimizer(cfg), loss=cfg.loss.name,
-                         mlflow=bool(cfg.output.mlflow), **params.param_values(t))
+                         mlflow=bool(cfg.output.mlflow), **param_schema.param_values(t))
     started = time.perf_counter()
     model = est.fit(train_df)
     fit_s = time.perf_counter() - started
