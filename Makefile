@@ -19,14 +19,14 @@ CURRENT_TESTS ?= tests/unit tests/integration/test_run.py tests/integration/test
 	tests/integration/test_distributor.py tests/integration/test_connect.py \
 	tests/integration/test_raw_columns.py tests/integration/test_cancel.py \
 	tests/integration/test_adversarial_errors.py tests/integration/test_program_safety.py \
-	tests/integration/test_evaluation.py
+	tests/integration/test_evaluation.py tests/integration/test_lakehouse.py
 # on the oldest torch: the unit suite and the parts that use torch's APIs most (the runner, the
 # estimator, every strategy through Spark)
 OLDEST_TESTS ?= tests/unit tests/integration/test_run.py tests/integration/test_estimator.py \
 	tests/integration/test_strategies_spark.py
 
 .PHONY: venv run test test-pinned test-current pytest-current test-oldest pytest-oldest \
-	test-fast bench plan clean
+	test-fast bench bench-peers bench-env plan clean
 
 venv:
 	@SPARKDDL_VENV=$(VENV) SPARKDDL_CONSTRAINTS=$(CONSTRAINTS) scripts/venv.sh
@@ -61,8 +61,26 @@ test-fast: venv
 bench: venv
 	benchmarks/run_all.sh
 
+# sparkddl side by side with the peers users would pick (Ray Train + Ray Data, TorchDistributor
+# + Mosaic Streaming, TorchDistributor + Petastorm, a plain torch floor), in an environment of
+# its own (.venv-bench: constraints.txt's stack plus the `bench` extra, pinned in
+# constraints-bench.txt); never the runtime dependencies or the test path.
+# PEERS_ARGS passes flags (--epochs 2 --tiles 112 ...)
+PEERS_ARGS ?=
+bench-env:
+	@$(MAKE) --no-print-directory VENV=.venv-bench CONSTRAINTS=constraints-bench.txt venv
+	@# PyPI's torchvision (Streaming imports it) cannot load its ops next to the CPU torch
+	@.venv-bench/bin/python benchmarks/peers.py --install-torchvision-shim
+	@.venv-bench/bin/python -c "import ray.train.torch, ray.data, streaming, psutil" \
+		|| { echo ".venv-bench cannot import the peers; delete it and retry" >&2; exit 1; }
+
+bench-peers: bench-env
+	PYSPARK_PYTHON=$(abspath .venv-bench)/bin/python \
+		PYSPARK_DRIVER_PYTHON=$(abspath .venv-bench)/bin/python \
+		timeout 1200 .venv-bench/bin/python benchmarks/peers.py $(PEERS_ARGS)
+
 plan: venv
 	$(VENV)/bin/sparkddl plan conf/digits.toml
 
 clean:
-	rm -rf .venv .venv-current .venv-oldest .pytest_cache runs
+	rm -rf .venv .venv-current .venv-oldest .venv-bench .pytest_cache runs
