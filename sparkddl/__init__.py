@@ -21,7 +21,7 @@ _EXPORTS = {
     "device": "sparkddl.task.dist", "init_process_group": "sparkddl.task.dist",
     "TorchDistributor": "sparkddl.distributor", "NonFiniteLossError": "sparkddl.errors",
     "TransformError": "sparkddl.errors", "JobCancelledError": "sparkddl.errors",
-    "UntrustedArtifactError": "sparkddl.errors",
+    "UntrustedArtifactError": "sparkddl.errors", "read_delta": "sparkddl.data.delta",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -57,11 +57,11 @@ def prepare(data: Any, spec: DataSpec, *, num_workers: int, batch_size: int,
                                  else [])
     decision = decide(data, used, {n: k for n, (k, _) in fields.items()},
                       {n: t for n, (_, t) in fields.items()}, reader,
-                      rows_selected=bool(split_col or fraction))
+                      rows_selected=bool(split_col or fraction), split_column=split_col)
     if decision.url is not None:
         prepared = prepare_table(decision.url, spec, num_workers=num_workers,
                                  batch_size=batch_size, validation=split_col or fraction or None,
-                                 seed=seed)
+                                 seed=seed, listing=decision.listing)
         if isinstance(prepared, PreparedData):
             log.info("data: reading %s in place (%s); nothing is written to the store",
                      decision.url, decision.why)

@@ -33,7 +33,8 @@ def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
     store = Store.from_uri(plan.url)
     filesystem = store.filesystem()
     root = store.fs_path(plan.url)
-    groups = list_row_groups(filesystem, root)
+    listing = plan.listing
+    groups = list_row_groups(filesystem, root, listing)
     if plan.selection is not None:  # split by whole row groups: the other side's, unread
         groups = plan.selection.groups_of_side(root, groups)
     rng = np.random.default_rng([plan.seed, epoch, rank, part])
@@ -44,6 +45,7 @@ def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
     handles: list[Any] = []
     files: dict[str, Any] = {}  # each file opened, and its footer parsed, once per pass
     sel = plan.selection
+    names = listing.file_columns(plan.names) if listing else plan.names  # in the files
     try:
         for group in groups:
             try:
@@ -51,11 +53,13 @@ def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
                     handles.append(filesystem.open_input_file(group.path))
                     files[group.path] = pq.ParquetFile(handles[-1])
                 table = files[group.path].read_row_group(
-                    group.index, columns=sel.read_columns(plan.names) if sel else plan.names)
+                    group.index, columns=sel.read_columns(names) if sel else names)
             except read_errors() as exc:  # deleted or rewritten under the fit
                 raise unreadable(group.path, exc, f"rank {rank}, epoch {epoch}") from exc
             if sel is not None:
-                table = sel.apply(root, group.path, group.index, table, plan.names)
+                table = sel.apply(root, group.path, group.index, table, names)
+            if listing is not None:  # partition columns: constants of the file
+                table = listing.add_columns(table, group.path, plan.names)
             check_table(plan, table, group.path, group.index)
             yield table
     finally:

@@ -6,6 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from sparkddl.data.listing import Listing
 from sparkddl.data.plan import ShardPlan, plan_shards
 from sparkddl.data.schema import ColumnSpec
 from sparkddl.data.split import Selection
@@ -23,6 +24,8 @@ class Dataset:
     # count those), and the identity of its data files when planned
     selection: Selection | None = None
     files: tuple[tuple[str, int, int], ...] = ()
+    # its files one by one where they are not every data file under ``url``
+    listing: Listing | None = None
 
     @property
     def rows(self) -> int:
@@ -38,7 +41,8 @@ class Dataset:
 
     def plan(self, world: int, batch_size: int, **reader: Any) -> ShardPlan:
         return plan_shards(self.url, self.columns, self.shared_groups, world, batch_size,
-                           selection=self.selection, files=self.files, **reader)
+                           selection=self.selection, files=self.files, listing=self.listing,
+                           **reader)
 
     def to_json(self, base_url: str = "") -> dict[str, Any]:
         url = self.url[len(base_url):].lstrip("/") if base_url and \

@@ -1,21 +1,30 @@
 """Which DataFrames can be read where their Parquet lies, without a Spark job or a copy.
 
-A DataFrame qualifies when its optimized plan is a plain scan of Parquet files under one
-folder (a projection of columns at most: no filter, expression, cast, join, sample or limit
-on top), every column training reads is a numeric scalar or a numeric array stored in those
-files (not a partition column, not a Vector or decimal that Spark would have to convert),
-and the files Spark would read are exactly the data files under that folder. Everything else
-is materialized (:mod:`sparkddl.data.materialize`). The decision comes with the reason, which
-the caller logs in one line.
+A DataFrame qualifies when its optimized plan is a plain scan of Parquet files (a projection
+of columns at most: no filter, expression, cast, join, sample or limit on top) and every
+column training reads is a numeric scalar or a numeric array stored in those files, or a
+number, boolean or string partition column (not a Vector or decimal that Spark would have
+to convert). When Spark reads exactly the data files under one folder and no partition
+column is used, the readers list that folder; otherwise (several root paths, a list of
+files, partition columns used as features or labels) they get the files Spark reads, named
+one by one (:mod:`sparkddl.data.listing`). Everything else is materialized
+(:mod:`sparkddl.data.materialize`). The decision comes with the reason, which the caller
+logs in one line.
 """
 from __future__ import annotations
 
+import logging
+import posixpath
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
+from sparkddl.data.listing import SPARK_TYPES, Listing, hive_listing
 from sparkddl.data.plan import data_files
+from sparkddl.errors import DataError
 from sparkddl.store import Store
+
+log = logging.getLogger(__name__)
 
 IN_PLACE_KINDS = ("integral", "floating", "boolean", "array:integral", "array:floating",
                   "binary", "string")
@@ -25,10 +34,13 @@ IN_PLACE_KINDS = ("integral", "floating", "boolean", "array:integral", "array:fl
 class Decision:
     url: str | None  # the table's folder when it is read in place
     why: str
+    # its files one by one, where they are not every data file under that folder
+    listing: Listing | None = None
 
 
 def decide(df: Any, columns: list[str], kinds: dict[str, str], types: dict[str, str],
-           reader: str = "auto", rows_selected: bool = False) -> Decision:
+           reader: str = "auto", rows_selected: bool = False,
+           split_column: str | None = None) -> Decision:
     """Whether ``df`` is read in place for ``columns`` (``kinds`` from ``spark_kind``,
     ``types`` Spark's type names), and why (not)."""
     if rows_selected and reader == "petastorm":
@@ -58,29 +70,80 @@ def decide(df: Any, columns: list[str], kinds: dict[str, str], types: dict[str, 
             else _name(relation)
         return Decision(None, f"it reads {fmt}, not plain Parquet")
     partition_cols = set(relation.partitionSchema().fieldNames())
+    parts = [name for name in columns if name in partition_cols]
     for name in columns:
-        if name in partition_cols:
-            return Decision(None, f"column {name!r} is a partition column (it is in the folder "
-                                  "names, not in the files)")
         if kinds[name] not in IN_PLACE_KINDS or types[name].startswith("decimal") or \
                 "decimal" in types[name]:
             return Decision(None, f"column {name!r} ({types[name]}) needs Spark to convert it")
-    roots = relation.location().rootPaths()
-    if roots.size() != 1:
-        return Decision(None, f"it reads {roots.size()} root paths, not one folder")
-    url = str(roots.apply(0).toUri())
-    store = Store.from_uri(url)
+        if name in partition_cols and types[name] not in SPARK_TYPES:
+            return Decision(None, f"partition column {name!r} is {types[name]}, which is read "
+                                  "in place only as a number, boolean or string")
+    if parts and rows_selected and split_column in parts:
+        return Decision(None, f"the validation column {split_column!r} is a partition column")
+    roots = [str(relation.location().rootPaths().apply(i).toUri())
+             for i in range(relation.location().rootPaths().size())]
+    spark_reads = sorted(df.inputFiles())
+    _warn_delta(roots)
+    if len(roots) == 1 and not parts:
+        whole = _whole_folder(roots[0], spark_reads)
+        if whole is not None:
+            return whole
+    return _listed(roots, spark_reads, parts, {n: SPARK_TYPES[types[n]] for n in parts},
+                   reader)
+
+
+def _warn_delta(roots: list[str]) -> None:
+    """A Parquet scan of a Delta table's folder reads the files of every version: say so (the
+    rows are those of the DataFrame as given, as Spark reads them)."""
+    from sparkddl.data.delta import is_delta
+    for root in roots:
+        if is_delta(root):
+            log.warning("data: %s is a Delta Lake table read as plain Parquet: Spark reads the "
+                        "files of every version, deleted and overwritten rows included; train "
+                        "on its current version with sparkddl.read_delta(spark, url) or "
+                        "spark.read.format('delta')", root)
+
+
+def _whole_folder(root: str, spark_reads: list[str]) -> Decision | None:
+    """The Decision to read the folder ``root`` (the readers list it), when Spark reads
+    exactly its data files; None when it reads others (then the files are listed)."""
+    store = Store.from_uri(root)
     try:
         listed = data_files(store.filesystem(), store.fs_path(store.url()))
-    except Exception as exc:  # noqa: BLE001 - e.g. the root is a file: materialize
-        return Decision(None, f"its root {url} cannot be listed as a folder "
-                              f"({type(exc).__name__})")
-    mine = {_key(f.path) for f in listed}
-    spark_reads = {_key(p) for p in df.inputFiles()}
-    if mine != spark_reads:
-        return Decision(None, f"Spark reads {len(spark_reads)} file(s) under {url} but the folder "
-                              f"holds {len(mine)} data file(s)")
+    except Exception:  # noqa: BLE001 - e.g. the root is a file: list the files Spark reads
+        return None
+    if {_key(f.path) for f in listed} != {_key(p) for p in spark_reads}:
+        return None
     return Decision(store.url(), "a plain Parquet scan of numeric columns")
+
+
+def _listed(roots: list[str], spark_reads: list[str], parts: list[str], types: dict[str, str],
+            reader: str) -> Decision:
+    """The Decision to read the files Spark reads, named one by one (several roots, a list
+    of files, a partitioned table whose partition columns are used)."""
+    what = f"{len(roots)} root path(s)" + (f" and partition column(s) {', '.join(parts)}"
+                                          if parts else "")
+    if reader == "petastorm":
+        return Decision(None, f"reader='petastorm' reads one folder, and the scan has {what}")
+    if not spark_reads:
+        return Decision(None, "Spark reads no files for it")
+    stores = [Store.from_uri(f) for f in spark_reads]
+    homes = {s.root.split("://", 1)[0] + "://" + urlparse(s.root).netloc for s in stores}
+    if len(homes) != 1:
+        return Decision(None, f"its files are on {len(homes)} filesystems "
+                              f"({', '.join(sorted(homes))}), not one")
+    home = homes.pop()
+    paths = [s.fs_path(s.url()) for s in stores]
+    fs_root = posixpath.commonpath(paths) if len(paths) > 1 else posixpath.dirname(paths[0])
+    if fs_root in paths:  # one file
+        fs_root = posixpath.dirname(fs_root)
+    url = Store.from_uri(home + ("" if fs_root.startswith("/") else "/") + fs_root).url()
+    try:
+        listing = hive_listing("", paths, parts, types)
+    except DataError as exc:
+        return Decision(None, str(exc))
+    return Decision(url, f"the {len(paths)} Parquet file(s) Spark reads, named one by one: "
+                         f"{what}", listing)
 
 
 def _name(obj: Any) -> str:

@@ -25,22 +25,26 @@ def row_groups(dataset: Dataset, rank: int = 0, world: int = 1) -> Iterator[Chun
     store = Store.from_uri(dataset.url)
     fs = store.filesystem()
     root = store.fs_path(dataset.url)
+    listing = dataset.listing
     names = [c.name for c in dataset.columns]
+    in_files = listing.file_columns(names) if listing else names
     sel = dataset.selection
     if dataset.files:  # read in place: a file removed since must not just go missing
-        check_unchanged(fs, root, dataset.files, "the driver")
-    groups = list_row_groups(fs, root)
+        check_unchanged(fs, root, dataset.files, "the driver", listing)
+    groups = list_row_groups(fs, root, listing)
     if sel is not None:  # split by whole row groups: the other side's, unread
         groups = sel.groups_of_side(root, groups)
     for i, group in enumerate(groups):
         if i % world != rank:
             continue
         start = 0
-        for part in _parts(fs, group, sel.read_columns(names) if sel else names):
+        for part in _parts(fs, group, sel.read_columns(in_files) if sel else in_files):
             table = pa.Table.from_batches([part])
             if sel is not None:
-                table = sel.apply(root, group.path, group.index, table, names, start,
+                table = sel.apply(root, group.path, group.index, table, in_files, start,
                                   group.rows)
+            if listing is not None:
+                table = listing.add_columns(table, group.path, names)
             start += part.num_rows
             if table.num_rows:
                 yield {c.name: decode_arrow(c, table.column(c.name)) for c in dataset.columns}

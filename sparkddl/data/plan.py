@@ -21,6 +21,7 @@ from typing import Any, Iterator
 from urllib.parse import urlparse
 
 from sparkddl.config import READERS
+from sparkddl.data.listing import Listing
 from sparkddl.data.petastorm_check import MODULES, unavailable_reason
 from sparkddl.data.schema import ColumnSpec
 from sparkddl.data.split import Selection
@@ -67,6 +68,9 @@ class ShardPlan:
     # and what it returned for the driver's sample: (column, per-row shape, dtype)
     transform: Any = None
     transform_shapes: tuple[tuple[str, tuple[int, ...], str], ...] = ()
+    # a table whose files are named one by one (several roots, a file list, a Delta version,
+    # partition columns read): those files, in order, and their partition values
+    listing: Listing | None = None
 
     @property
     def raw_in_place(self) -> bool:
@@ -81,21 +85,31 @@ class ShardPlan:
         return self.steps_per_epoch * self.batch_size * self.world
 
 
-def data_files(filesystem: Any, root: str) -> list[Any]:
+def data_files(filesystem: Any, root: str, listing: Listing | None = None) -> list[Any]:
     """``pyarrow.fs.FileInfo`` of every data file under ``root``, sorted by path, as Petastorm
-    orders them (names starting with '_' or '.' and checksum files are not data)."""
+    orders them (names starting with '_' or '.' and checksum files are not data); with a
+    ``listing``, of those of its files that exist, in its order."""
     from pyarrow import fs as pafs
 
+    if listing is not None:
+        return [i for i in filesystem.get_file_info(list(listing.paths))
+                if i.type == pafs.FileType.File]
     infos = filesystem.get_file_info(pafs.FileSelector(root, recursive=True))
     return sorted((i for i in infos if i.type == pafs.FileType.File and _is_data(root, i.path)),
                   key=lambda i: i.path)
 
 
-def list_row_groups(filesystem: Any, root: str) -> list[RowGroup]:
-    """Every row group under ``root`` in Petastorm's order: :func:`data_files`, row groups in
-    file order. Row groups without rows are kept: Petastorm counts them when it shards."""
+def list_row_groups(filesystem: Any, root: str, listing: Listing | None = None
+                    ) -> list[RowGroup]:
+    """Every row group under ``root`` (or of ``listing``'s files) in Petastorm's order:
+    :func:`data_files`, row groups in file order. Row groups without rows are kept:
+    Petastorm counts them when it shards."""
     groups = []
-    for info in data_files(filesystem, root):
+    infos = data_files(filesystem, root, listing)
+    if listing is not None and len(infos) < len(listing.paths):
+        gone = sorted(set(listing.paths) - {i.path for i in infos})
+        raise FileNotFoundError(f"{len(gone)} listed data file(s) are gone: {', '.join(gone[:3])}")
+    for info in infos:
         with parquet_file(filesystem, info.path) as f:
             meta = f.metadata
         groups += [RowGroup(info.path, i, meta.row_group(i).num_rows)
@@ -179,7 +193,7 @@ def raw_in_place(files: Any, columns: Any) -> bool:
 
 
 def resolve_reader(choice: str, where: str = "driver", rows_selected: bool = False,
-                   url: str = "", raw_in_place: bool = False) -> str:
+                   url: str = "", raw_in_place: bool = False, listed: bool = False) -> str:
     """The reader ``choice`` means in this Python process: "petastorm" or "arrow".
 
     "auto" takes Petastorm where it loads, else the Arrow reader; an explicit "petastorm"
@@ -187,11 +201,19 @@ def resolve_reader(choice: str, where: str = "driver", rows_selected: bool = Fal
     before anything is launched) and on every rank before reading, because executors may
     run another Python environment than the driver. ``rows_selected``: the data keeps only
     some rows of each row group (the split of a table read in place), which only the Arrow
-    reader applies."""
+    reader applies. ``listed``: the table's files are named one by one (a Listing), which
+    only the Arrow reader takes (Petastorm lists a folder itself)."""
     if choice not in READERS:
         raise ConfigError(f"unknown reader {choice!r}; choose one of {', '.join(READERS)}")
     if choice == "arrow":
         return _chosen("arrow", "reader='arrow' was asked for", where)
+    if listed:
+        if choice == "petastorm":
+            raise ConfigError("reader='petastorm' reads one folder, and this table's files are "
+                              "listed one by one (several roots, a file list, a Delta table "
+                              "or partition columns read); use reader='auto' or 'arrow'")
+        return _chosen("arrow", "reader='auto' and the table's files are listed one by one, "
+                       "which the Arrow reader reads", where)
     if rows_selected:
         if choice == "petastorm":
             raise ConfigError(
@@ -235,7 +257,7 @@ def reader_modules(plan: ShardPlan) -> tuple[str, ...]:
     :func:`resolve_reader` may choose it (the ranks import them while they rendezvous)."""
     scheme = urlparse(plan.url).scheme or "file"
     if plan.reader == "arrow" or plan.selection is not None or plan.raw_in_place or \
-            scheme not in PETASTORM_SCHEMES:
+            plan.listing is not None or scheme not in PETASTORM_SCHEMES:
         return ()
     return MODULES
 
@@ -274,7 +296,8 @@ def plan_shards(url: str, columns: tuple[ColumnSpec, ...], row_group_rows: list[
     fields of :class:`ShardPlan`; its ``reader`` choice is checked here, on the driver."""
     resolve_reader(options.get("reader", "auto"),
                    rows_selected=options.get("selection") is not None, url=url,
-                   raw_in_place=raw_in_place(options.get("files"), columns))
+                   raw_in_place=raw_in_place(options.get("files"), columns),
+                   listed=options.get("listing") is not None)
     total = sum(row_group_rows)
     check_enough_rows(total, world, batch_size)
     by_group = shard_rows(row_group_rows, world)
@@ -292,10 +315,10 @@ def plan_shards(url: str, columns: tuple[ColumnSpec, ...], row_group_rows: list[
 
 
 def check_unchanged(filesystem: Any, root: str, files: tuple[tuple[str, int, int], ...],
-                    where: str) -> None:
-    """DataError naming the data files of ``root`` that differ from ``files``, the
-    (path, size, mtime_ns) recorded when the data was planned."""
-    now = {f.path: (f.size, f.mtime_ns) for f in data_files(filesystem, root)}
+                    where: str, listing: Listing | None = None) -> None:
+    """DataError naming the data files of ``root`` (or ``listing``'s) that differ from
+    ``files``, the (path, size, mtime_ns) recorded when the data was planned."""
+    now = {f.path: (f.size, f.mtime_ns) for f in data_files(filesystem, root, listing)}
     then = {path: (size, mtime) for path, size, mtime in files}
     changed = sorted(p for p in then.keys() & now.keys() if then[p] != now[p])
     gone, added = sorted(then.keys() - now.keys()), sorted(now.keys() - then.keys())

@@ -12,6 +12,8 @@ import numpy as np
 from sparkddl.data import fingerprint as fp
 from sparkddl.data.batching import value_counts
 from sparkddl.data.dataset import Dataset, PreparedData
+from sparkddl.data.delta import delta_listing
+from sparkddl.data.listing import Listing, hive_listing, partition_names
 from sparkddl.data.plan import (RowGroup, check_enough_rows, data_files, list_row_groups,
                                 needs_stride, parquet_file)
 from sparkddl.data.schema import ColumnSpec, DataSpec, check_columns, column_spec
@@ -43,17 +45,20 @@ def arrow_kind(t: Any) -> str:
     return "unsupported"
 
 
-def open_parquet(url: str, spec: DataSpec) -> Dataset:
-    """Describe the Parquet dataset at ``url`` from its footers: columns, widths, row groups.
-    Null counts come from column statistics; unequal array lengths are caught by the reader.
-    Row groups without rows (pyarrow writes an empty table as one) stay in ``row_groups``:
-    both readers count them when they shard, so the plan must too."""
+def open_parquet(url: str, spec: DataSpec, listing: Listing | None = None) -> Dataset:
+    """Describe the Parquet dataset at ``url`` (or ``listing``'s files) from its footers:
+    columns, widths, row groups. Null counts come from column statistics; unequal array
+    lengths are caught by the reader. Row groups without rows (pyarrow writes an empty table
+    as one) stay in ``row_groups``: both readers count them when they shard, so the plan
+    must too. Columns of ``spec`` that are not in the files but in ``name=value`` folders
+    of a table given by its folder are its partition columns (a listing of its files)."""
     store = Store.from_uri(url)
     fs, root = store.filesystem(), store.fs_path(store.url())
     try:
-        groups = list_row_groups(fs, root)
-    except FileNotFoundError:
-        raise DataError(f"no Parquet dataset at {url}") from None
+        groups = list_row_groups(fs, root, listing)
+    except FileNotFoundError as exc:
+        raise DataError(f"no Parquet dataset at {url}" if listing is None else
+                        f"the table at {url} names files that are not there ({exc})") from None
     if not sum(g.rows for g in groups):
         raise DataError(f"no Parquet rows under {url}; point at a directory of Parquet files")
     first = next(g for g in groups if g.rows)  # an empty one has no arrays to measure
@@ -62,10 +67,16 @@ def open_parquet(url: str, spec: DataSpec) -> Dataset:
         schema = parquet.schema_arrow
         fields = {n: (arrow_kind(schema.field(n).type), str(schema.field(n).type))
                   for n in schema.names}
+        if listing is None:
+            listing = _folder_partitions(root, groups, [c for c in spec.columns
+                                                        if c not in fields])
+        for name, arrow_type in (listing.arrow_types().items() if listing else ()):
+            fields.setdefault(name, (arrow_kind(arrow_type), str(arrow_type)))
         check_columns(spec, fields)
+        in_files = listing.file_columns(spec.columns) if listing else list(spec.columns)
         # the first rows give the array widths; the footers then check every row group
         head = next(parquet.iter_batches(batch_size=HEAD_ROWS, row_groups=[first.index],
-                                         columns=list(spec.columns), use_threads=False))
+                                         columns=in_files, use_threads=False))
     columns = []
     for name in spec.columns:
         kind = fields[name][0]
@@ -88,7 +99,20 @@ def open_parquet(url: str, spec: DataSpec) -> Dataset:
                              col.shape)
         columns.append(col)
     _check_footers(fs, groups, tuple(columns))
-    return Dataset(store.url(), tuple(columns), tuple(g.rows for g in groups))
+    return Dataset(store.url(), tuple(columns), tuple(g.rows for g in groups), listing=listing)
+
+
+def _folder_partitions(root: str, groups: list[RowGroup], missing: list[str]
+                       ) -> Listing | None:
+    """The listing of a partitioned table given by its folder whose ``name=value`` folders
+    hold the ``missing`` columns (types inferred as Spark does); None where they are not
+    partition columns (check_columns then says they are missing)."""
+    if not missing:
+        return None
+    paths = list(dict.fromkeys(g.path for g in groups))
+    if not set(missing) <= set(partition_names(root, paths)):
+        return None
+    return hive_listing(root, paths, missing)
 
 
 def _footers(fs: Any, groups: list[RowGroup]) -> Any:
@@ -166,25 +190,38 @@ def label_ranges(fs: Any, groups: list[RowGroup], columns: tuple[ColumnSpec, ...
 
 def prepare_parquet(url: str, spec: DataSpec, *, num_workers: int, batch_size: int,
                     validation_url: str | None = None) -> PreparedData:
-    """An existing Parquet dataset, read in place. Its fingerprint is the identity of its data
-    files, so resuming a run by its id can tell that they were changed since."""
-    train = open_parquet(url, spec)
+    """An existing Parquet dataset (or Delta table: its current version), read in place. Its
+    fingerprint is the identity of its data files, so resuming a run by its id can tell that
+    they were changed since."""
+    train = _open(url, spec)
     check_enough_rows(train.rows, num_workers, batch_size)
-    val = open_parquet(validation_url, spec) if validation_url else None
-    identity = {"train": file_identity(train.url), "val": file_identity(val.url) if val else None}
-    return PreparedData(train, val, fp.fingerprint(identity), source=url)
+    val = _open(validation_url, spec) if validation_url else None
+    identity = {"train": file_identity(train.url, train.listing),
+                "val": file_identity(val.url, val.listing) if val else None}
+    files = tuple(identity["train"])
+    return PreparedData(dataclasses.replace(train, files=files if train.listing else ()),
+                        val and dataclasses.replace(val, files=tuple(identity["val"] or ())
+                                                    if val.listing else ()),
+                        fp.fingerprint(identity), source=url)
 
 
-def file_identity(url: str) -> list[tuple[str, int, int]]:
-    """(path, size, modification time in ns) of every data file of the dataset at ``url``:
-    what changes when a file is rewritten, without reading any data."""
+def _open(url: str, spec: DataSpec) -> Dataset:
+    """:func:`open_parquet` of a folder of Parquet files or of a Delta table's current
+    version (whose folder holds the files of every version)."""
+    return open_parquet(url, spec, delta_listing(url))
+
+
+def file_identity(url: str, listing: Listing | None = None) -> list[tuple[str, int, int]]:
+    """(path, size, modification time in ns) of every data file of the dataset at ``url``
+    (or of ``listing``): what changes when a file is rewritten, without reading any data."""
     store = Store.from_uri(url)
-    files = data_files(store.filesystem(), store.fs_path(store.url()))
+    files = data_files(store.filesystem(), store.fs_path(store.url()), listing)
     return [(f.path, f.size, f.mtime_ns) for f in files]
 
 
 def prepare_table(url: str, spec: DataSpec, *, num_workers: int, batch_size: int,
-                  validation: float | str | None, seed: int) -> PreparedData | str:
+                  validation: float | str | None, seed: int, listing: Listing | None = None
+                  ) -> PreparedData | str:
     """The Parquet table at ``url`` read in place, split by ``validation`` (a fraction or a
     boolean/0-1 column of the table) inside its row groups; or, where it is better
     materialized after all, the reason (its row groups cannot be shared by the ranks)."""
@@ -193,11 +230,12 @@ def prepare_table(url: str, spec: DataSpec, *, num_workers: int, batch_size: int
     whole = open_parquet(url, DataSpec.of(spec.feature_cols, spec.label_cols,
                                           [c for c in columns if c not in spec.feature_cols
                                            and c not in spec.label_cols],
-                                          dict(spec.feature_shapes), raw=spec.raw))
+                                          dict(spec.feature_shapes), raw=spec.raw), listing)
+    listing = whole.listing
     store = Store.from_uri(url)
     fs, root = store.filesystem(), store.fs_path(store.url())
-    groups = list_row_groups(fs, root)
-    files = tuple(file_identity(url))
+    groups = list_row_groups(fs, root, listing)
+    files = tuple(file_identity(url, listing))
     keep = tuple(c for c in whole.columns if c.name in spec.columns)
     if not validation:
         train = dataclasses.replace(whole, columns=keep, files=files)
@@ -215,9 +253,10 @@ def prepare_table(url: str, spec: DataSpec, *, num_workers: int, batch_size: int
                             "validation or mark some rows in the validation column")
         train = Dataset(whole.url, keep, train_rows,
                         Selection("train", fraction, seed, column, bool(by_groups), chosen),
-                        files)
+                        files, listing)
         val = Dataset(whole.url, keep, tuple(val_rows),
-                      Selection("val", fraction, seed, column, bool(by_groups), chosen), files)
+                      Selection("val", fraction, seed, column, bool(by_groups), chosen), files,
+                      listing)
     if not train.rows:
         raise DataError(f"the validation split left no training rows out of {whole.rows}")
     check_enough_rows(train.rows, num_workers, batch_size)
@@ -225,7 +264,8 @@ def prepare_table(url: str, spec: DataSpec, *, num_workers: int, batch_size: int
         return (f"its {len(groups)} row group(s) cannot be shared evenly by {num_workers} "
                 "ranks")
     identity = {"table": files, "columns": [c.to_json() for c in keep],
-                "validation": validation, "seed": seed}
+                "validation": validation, "seed": seed,
+                "partitions": [listing.columns, listing.values] if listing else None}
     return PreparedData(train, val, fp.fingerprint(identity), source=url, in_place=True,
                         label_ranges=label_ranges(fs, groups, keep))
 
