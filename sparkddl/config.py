@@ -18,7 +18,7 @@ MODES = ("auto", "min", "max")  # whether a lower or a higher bestBy is better
 PRECISIONS = ("32", "bf16-mixed", "16-mixed")
 SCHEDULER_INTERVALS = ("epoch", "step")
 NON_FINITE = ("raise", "skip_batch")
-EVALUATIONS = ("auto", "driver", "ranks")  # where snapshots are evaluated
+EVALUATIONS = ("auto", "driver", "ranks", "cluster")  # where snapshots are evaluated
 _NO_DEFAULT = object()
 
 
@@ -185,8 +185,10 @@ class TrainConfig:
         "auto", "where snapshots are evaluated on the validation split: driver (its own "
         "process streams the whole split for every snapshot), ranks (each rank its share of "
         "the split's row groups, the metrics merged exactly over the ranks; the ranks pause "
-        "while they evaluate), auto (ranks from 1,000,000 validation rows where every rank "
-        "gets a row group, else driver)", param="evaluation", convert="toString",
+        "while they evaluate), cluster (a Spark job per snapshot on executor slots the fit "
+        "does not hold, its tasks' metric states merged on the driver; the ranks never "
+        "pause), auto (ranks from 1,000,000 validation rows where every rank gets a row "
+        "group, else driver)", param="evaluation", convert="toString",
         choices=EVALUATIONS)
     best_by: str | None = option(
         None, "metric choosing the best snapshot (val_loss, val_accuracy, train_loss, ...); "

@@ -81,8 +81,10 @@ class SnapshotEvaluator:
                  metrics: dict[str, Callable[..., Any]], val: Dataset | None,
                  best_by: str, mode: str, patience: int, store: Store, run_id: str,
                  callbacks: Callbacks | None = None, snapshot_every: int = 1,
-                 epochs: int = 0, transform: Any = None, transform_shapes: Any = ()):
+                 epochs: int = 0, transform: Any = None, transform_shapes: Any = (),
+                 remote: Callable[[dict[str, Any], int], dict[str, float]] | None = None):
         self.module = build_module(model_factory)
+        self.remote = remote  # evaluation="cluster": a Spark job evaluates each snapshot
         self.step, self.metrics = step, metrics
         self.transform, self.transform_shapes = transform, transform_shapes
         self.val = val
@@ -195,7 +197,7 @@ class SnapshotEvaluator:
             scores = dict(snapshot.metrics)
         elif self.val is not None:
             started = time.perf_counter()
-            scores = self._evaluate(state)
+            scores = self.remote(state, epoch) if self.remote else self._evaluate(state)
             scores["val_time_s"] = time.perf_counter() - started
         else:
             scores = {}
@@ -242,11 +244,16 @@ class SnapshotEvaluator:
                                            "the driver", size=EVAL_BATCH))
 
 
-def evaluation_on_ranks(config: Any, val: Dataset | None) -> bool:
-    """Whether the ranks evaluate the snapshots (evaluation="ranks", or "auto" with a large
-    split), rather than the driver; a ConfigError where "ranks" cannot be done."""
-    if val is None or config.evaluation == "driver":
-        return False
+def evaluation_mode(config: Any, val: Dataset | None) -> str:
+    """Where the snapshots are evaluated: "driver", "ranks" (evaluation="ranks", or "auto"
+    with a large split) or "cluster" (a Spark job beside the fit: asked for only); a
+    ConfigError where "ranks" cannot be done."""
+    if val is None or config.evaluation in ("driver", "cluster"):
+        return config.evaluation if val is not None else "driver"
+    return "ranks" if _on_ranks(config, val) else "driver"
+
+
+def _on_ranks(config: Any, val: Dataset) -> bool:
     why = ""
     if config.strategy == "fsdp":
         why = "strategy 'fsdp' gathers the whole model on rank 0 only"

@@ -21,10 +21,12 @@ from sparkddl.launch import preflight
 from sparkddl.launch.bounded import bounded_jobs
 from sparkddl.launch.callbacks import Callbacks
 from sparkddl.launch.checks import ProblemInfo
+from sparkddl.launch.cluster_eval import ClusterEvaluator, check_free_slots, cluster_parts
+from sparkddl.launch.jobs import CallerScope, new_tag
 from sparkddl.session import cluster_context
 from sparkddl.launch.elastic import check_elastic, resized
 from sparkddl.launch.evaluation import (EvaluationResult, SnapshotEvaluator,
-                                        evaluation_on_ranks)
+                                        evaluation_mode)
 from sparkddl.launch.inputs import check_best_by_early, fit_inputs, shard_plan
 from sparkddl.launch.launcher import launch_ranks, new_run_id
 from sparkddl.launch.monitor import Handlers
@@ -119,6 +121,8 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
     check_elastic(config)
     sc = cluster_context(spark)
     preflight.check_cluster(sc, config.num_workers, config.use_gpu)
+    if config.evaluation == "cluster" and config.validation:
+        check_free_slots(sc, config.num_workers)
     # unknown names and options; what the installed torch cannot run on these devices
     strategies.create(config.strategy, config.strategy_options).check_device(
         "cuda" if config.use_gpu else "cpu")
@@ -128,7 +132,8 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
     run_id = config.run_id or new_run_id()
     plan = shard_plan(data, config, config.num_workers, inputs.transform_shapes)
     _record_run(store, run_id, data, config, plan.steps_per_epoch)
-    on_ranks = evaluation_on_ranks(config, data.val)
+    mode = evaluation_mode(config, data.val)
+    on_ranks = mode == "ranks"
     spec = TrainSpec(config, run_id=run_id, model_factory=inputs.factory,
                      optimizer=inputs.optimizer, loss=inputs.loss,
                      metrics=per_batch(inputs.metrics),
@@ -141,7 +146,10 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
                                   config.early_stopping_patience, store, run_id,
                                   callbacks=callbacks, snapshot_every=config.snapshot_every,
                                   epochs=config.epochs, transform=config.transform_fn,
-                                  transform_shapes=inputs.transform_shapes)
+                                  transform_shapes=inputs.transform_shapes,
+                                  remote=_cluster_evaluator(spark, sc, inputs, data.val, config,
+                                                            run_id) if mode == "cluster"
+                                  else None)
     progress = Progress(config.epochs, plan.steps_per_epoch, enabled=config.progress,
                         samples_per_step=config.batch_size * config.num_workers)
     log.info("fit %s: %d workers x batch %d, %d steps per epoch, %d epochs, strategy %s",
@@ -170,6 +178,17 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
                      steps_per_rank=summary["steps_per_rank"],
                      fit_time_s=time.perf_counter() - started, data=data, restarts=restarts,
                      evaluation_errors=evaluated.errors)
+
+
+def _cluster_evaluator(spark: Any, sc: Any, inputs: Any, val: Any, config: TrainConfig,
+                       run_id: str) -> ClusterEvaluator:
+    """evaluation="cluster": a Spark job per snapshot on the slots the fit leaves free."""
+    parts = cluster_parts(sc, config.num_workers, val)
+    log.info("evaluation: each snapshot by a Spark job of %d task(s) beside the fit "
+             "(evaluation='cluster', %d validation rows)", parts, val.rows)
+    return ClusterEvaluator(spark, sc, inputs.factory, inputs.step_fn, inputs.metrics, val,
+                            config.transform_fn, inputs.transform_shapes, parts,
+                            CallerScope.capture(sc), new_tag(run_id))
 
 
 def _attempts(sc: Any, base: TrainSpec, config: TrainConfig, store: Store,

@@ -145,7 +145,7 @@ class HasTorchEstimatorParams(HasTorchModelParams, HasSeed):
         typeConverter=TypeConverters.toInt)
     evaluation: Param[str] = Param(
         Params._dummy(), 'evaluation',
-        "where snapshots are evaluated on the validation split: driver (its own process streams the whole split for every snapshot), ranks (each rank its share of the split's row groups, the metrics merged exactly over the ranks; the ranks pause while they evaluate), auto (ranks from 1,000,000 validation rows where every rank gets a row group, else driver) (one of: auto, driver, ranks)",
+        "where snapshots are evaluated on the validation split: driver (its own process streams the whole split for every snapshot), ranks (each rank its share of the split's row groups, the metrics merged exactly over the ranks; the ranks pause while they evaluate), cluster (a Spark job per snapshot on executor slots the fit does not hold, its tasks' metric states merged on the driver; the ranks never pause), auto (ranks from 1,000,000 validation rows where every rank gets a row group, else driver) (one of: auto, driver, ranks, cluster)",
         typeConverter=TypeConverters.toString)
     bestBy: Param[str | None] = Param(
         Params._dummy(), 'bestBy',
@@ -404,11 +404,11 @@ class HasTorchEstimatorParams(HasTorchModelParams, HasSeed):
         return self.getOrDefault(self.snapshotEvery)
 
     def setEvaluation(self, value: str) -> Self:
-        """Sets evaluation: where snapshots are evaluated on the validation split: driver (its own process streams the whole split for every snapshot), ranks (each rank its share of the split's row groups, the metrics merged exactly over the ranks; the ranks pause while they evaluate), auto (ranks from 1,000,000 validation rows where every rank gets a row group, else driver) (one of: auto, driver, ranks)"""
+        """Sets evaluation: where snapshots are evaluated on the validation split: driver (its own process streams the whole split for every snapshot), ranks (each rank its share of the split's row groups, the metrics merged exactly over the ranks; the ranks pause while they evaluate), cluster (a Spark job per snapshot on executor slots the fit does not hold, its tasks' metric states merged on the driver; the ranks never pause), auto (ranks from 1,000,000 validation rows where every rank gets a row group, else driver) (one of: auto, driver, ranks, cluster)"""
         return self._set(evaluation=value)
 
     def getEvaluation(self) -> str:
-        """evaluation: where snapshots are evaluated on the validation split: driver (its own process streams the whole split for every snapshot), ranks (each rank its share of the split's row groups, the metrics merged exactly over the ranks; the ranks pause while they evaluate), auto (ranks from 1,000,000 validation rows where every rank gets a row group, else driver) (one of: auto, driver, ranks)"""
+        """evaluation: where snapshots are evaluated on the validation split: driver (its own process streams the whole split for every snapshot), ranks (each rank its share of the split's row groups, the metrics merged exactly over the ranks; the ranks pause while they evaluate), cluster (a Spark job per snapshot on executor slots the fit does not hold, its tasks' metric states merged on the driver; the ranks never pause), auto (ranks from 1,000,000 validation rows where every rank gets a row group, else driver) (one of: auto, driver, ranks, cluster)"""
         return self.getOrDefault(self.evaluation)
 
     def setBestBy(self, value: str | None) -> Self:

@@ -1,7 +1,8 @@
 """Evaluating a snapshot over a validation split: the same computation on the driver (the
-whole split, streamed) and on the ranks (each rank its share of the split's row groups,
-the sums and torchmetrics states merged over the ranks), so every metric is the same
-whichever computed it, up to the order of floating-point additions."""
+whole split, streamed), on the ranks (each rank its share of the split's row groups, the
+sums and torchmetrics states merged over the ranks) and in a Spark job beside the fit (each
+task a share, merged on the driver), so every metric is the same whichever computed it, up
+to the order of floating-point additions."""
 from __future__ import annotations
 
 import time
@@ -22,6 +23,15 @@ def evaluate(module: Any, step: LossFn, metrics: dict[str, Any], batches: Iterab
     row means (per-batch values weighted by their rows) and exact metrics from torchmetrics
     states over every row. ``merge`` sums a float64 tensor over the ranks (an allreduce);
     with it, the exact metrics' states are gathered over the ranks as they compute."""
+    sums, exact = accumulate(module, step, metrics, batches)
+    return finish(merge(sums) if merge is not None else sums, exact, metrics)
+
+
+def accumulate(module: Any, step: LossFn, metrics: dict[str, Any], batches: Iterable[Any]
+               ) -> tuple[Any, dict[str, Any]]:
+    """What :func:`finish` turns into metrics, over ``batches``: the sums (rows, loss, each
+    row-mean metric times rows; float64) and the exact metrics' torchmetrics objects.
+    Parts of a split accumulated apart merge exactly (:func:`merge_parts`)."""
     import torch
 
     module.eval()
@@ -38,8 +48,22 @@ def evaluate(module: Any, step: LossFn, metrics: dict[str, Any], batches: Iterab
                 sums[2 + i] += float(fn(output, target)) * n
             for k, state in exact.items():  # whole-set state, not a mean of batches
                 state.update(*metrics[k].inputs(output, target))
-    if merge is not None:
-        sums = merge(sums)
+    return sums, exact
+
+
+def merge_parts(parts: list[tuple[Any, dict[str, Any]]]) -> tuple[Any, dict[str, Any]]:
+    """The sums and exact metrics' states of several parts of a split as one."""
+    sums, exact = parts[0]
+    for more, states in parts[1:]:
+        sums = sums + more
+        for k, state in exact.items():
+            state.merge_state(states[k])
+    return sums, exact
+
+
+def finish(sums: Any, exact: dict[str, Any], metrics: dict[str, Any]) -> dict[str, float]:
+    """The metrics of :func:`accumulate`'s (merged) sums and states."""
+    means = per_batch(metrics)
     rows = float(sums[0])
     out = {"val_loss": float(sums[1]) / max(rows, 1.0)}
     out.update({f"val_{k}": float(sums[2 + i]) / max(rows, 1.0)

@@ -60,3 +60,35 @@ def test_ranks_evaluation_that_cannot_be_done_says_why(digits, tmp_path):
     with pytest.raises(ConfigError, match=r"evaluation='ranks' is not possible here: strategy "
                                           r"'fsdp'.*use evaluation='driver'"):
         _fit(digits, tmp_path, evaluation="ranks", strategy="fsdp", epochs=1)
+
+
+@pytest.mark.timeout(600)
+def test_a_spark_job_beside_the_fit_gives_the_driver_s_metrics(digits, tmp_path, monkeypatch,
+                                                               caplog):
+    import logging
+
+    from sparkddl.launch import cluster_eval
+    # one rank on local[2] leaves one slot free; the job is cut in 3 parts all the same
+    # (queued on that slot) so that the driver merges several tasks' states
+    on_driver = _fit(digits, tmp_path / "driver", evaluation="driver", numWorkers=1)
+    monkeypatch.setattr(cluster_eval, "free_slots", lambda sc, n: 3)
+    monkeypatch.setattr(evaluation.SnapshotEvaluator, "_evaluate",
+                        lambda self, state: pytest.fail("the driver evaluated a snapshot"))
+    with caplog.at_level(logging.INFO, logger="sparkddl.launch"):
+        on_cluster = _fit(digits, tmp_path / "cluster", evaluation="cluster", numWorkers=1)
+    assert "each snapshot by a Spark job of 3 task(s) beside the fit" in caplog.text
+    assert len(on_cluster.history) == len(on_driver.history) >= 2
+    for a, b in zip(on_driver.history, on_cluster.history):
+        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-9)
+        for k in ["val_loss"] + [f"val_{m}" for m in METRICS]:
+            assert math.isfinite(a[k]) and a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-9), k
+    assert on_cluster.chosen_epoch == on_driver.chosen_epoch
+    assert on_cluster.stopped_early == on_driver.stopped_early
+
+
+@pytest.mark.timeout(120)
+def test_cluster_evaluation_without_free_slots_is_refused_before_any_work(digits, tmp_path):
+    with pytest.raises(ConfigError, match=r"evaluation='cluster' needs executor slots the "
+                                          r"fit's 2 ranks do not hold, and the cluster has 2"):
+        _fit(digits, tmp_path, evaluation="cluster", epochs=1)
+    assert not (tmp_path / "data").exists()  # refused before the data was prepared
