@@ -26,7 +26,7 @@ OLDEST_TESTS ?= tests/unit tests/integration/test_run.py tests/integration/test_
 	tests/integration/test_strategies_spark.py
 
 .PHONY: venv run test test-pinned test-current pytest-current test-oldest pytest-oldest \
-	test-fast bench bench-peers bench-env plan clean
+	test-fast bench bench-peers bench-env plan clean docs docs-build docs-venv
 
 venv:
 	@SPARKDDL_VENV=$(VENV) SPARKDDL_CONSTRAINTS=$(CONSTRAINTS) scripts/venv.sh
@@ -34,9 +34,20 @@ venv:
 run: venv
 	$(VENV)/bin/sparkddl train conf/digits.toml
 
-# the README's test command: the full suite on the pinned stack, then the current and the
-# oldest stacks
-test: test-pinned test-current test-oldest
+# the README's test command: the docs built with --strict, the full suite on the pinned stack
+# (the README's and the docs' examples included), then the current and the oldest stacks
+test: docs-build test-pinned test-current test-oldest
+
+# the documentation site (docs/, mkdocs.yml) in .venv-docs: built with --strict (a broken link
+# or reference fails), then checked in a headless Chromium (scripts/docs-check.sh)
+docs-venv:
+	@scripts/docs-venv.sh
+
+docs-build: docs-venv
+	NO_MKDOCS_2_WARNING=1 .venv-docs/bin/mkdocs build --strict --quiet
+
+docs: docs-build
+	scripts/docs-check.sh
 
 test-pinned: venv
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -83,4 +94,4 @@ plan: venv
 	$(VENV)/bin/sparkddl plan conf/digits.toml
 
 clean:
-	rm -rf .venv .venv-current .venv-oldest .venv-bench .pytest_cache runs
+	rm -rf .venv .venv-current .venv-oldest .venv-bench .venv-docs .pytest_cache runs site

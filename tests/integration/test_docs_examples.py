@@ -1,0 +1,22 @@
+"""Every Python example of the README and the documentation runs as written, against the
+test session's real Spark (local[2]): a page's blocks in order, in one namespace, in a
+folder of their own; an example cannot rot."""
+from __future__ import annotations
+
+import pytest
+
+from tests.docs_examples import ROOT, blocks, with_examples
+
+
+@pytest.mark.timeout(900)
+@pytest.mark.parametrize("page", with_examples(), ids=lambda p: str(p.relative_to(ROOT)))
+def test_the_examples_run_as_written(page, spark_local, mlflow_store, tmp_path, monkeypatch):
+    import torch
+    monkeypatch.chdir(tmp_path)
+    namespace = {"__name__": "__main__"}  # functions pickled by value, as from a notebook
+    for info, code, line in blocks(page):
+        if "gpu" in info[1:] and not torch.cuda.is_available():
+            pytest.skip(f"{page.name}:{line} needs a CUDA GPU")
+        exec(compile(code, f"{page}:{line}", "exec"), namespace)
+    if page.name == "README.md":  # the complete example trains a model worth its name
+        assert namespace["accuracy"] > 0.9, namespace["accuracy"]
