@@ -26,6 +26,7 @@ from sparkddl.store import Store
 
 log = logging.getLogger(__name__)
 
+DELTA_FORMAT = "DeltaParquetFileFormat"  # what a Delta Lake scan's relation reads
 IN_PLACE_KINDS = ("integral", "floating", "boolean", "array:integral", "array:floating",
                   "binary", "string")
 
@@ -64,10 +65,9 @@ def decide(df: Any, columns: list[str], kinds: dict[str, str], types: dict[str, 
     if _name(node) != "LogicalRelation":
         return Decision(None, f"its plan is not a plain file scan (it has {_name(node)})")
     relation = node.relation()
-    if _name(relation) != "HadoopFsRelation" or \
-            _name(relation.fileFormat()) != "ParquetFileFormat":
-        fmt = _name(relation.fileFormat()) if _name(relation) == "HadoopFsRelation" \
-            else _name(relation)
+    fmt = _name(relation.fileFormat()) if _name(relation) == "HadoopFsRelation" \
+        else _name(relation)
+    if fmt not in ("ParquetFileFormat", DELTA_FORMAT):
         return Decision(None, f"it reads {fmt}, not plain Parquet")
     partition_cols = set(relation.partitionSchema().fieldNames())
     parts = [name for name in columns if name in partition_cols]
@@ -83,13 +83,40 @@ def decide(df: Any, columns: list[str], kinds: dict[str, str], types: dict[str, 
     roots = [str(relation.location().rootPaths().apply(i).toUri())
              for i in range(relation.location().rootPaths().size())]
     spark_reads = sorted(df.inputFiles())
-    _warn_delta(roots)
-    if len(roots) == 1 and not parts:
+    if fmt == DELTA_FORMAT:  # Spark with Delta Lake (Databricks): its version's files
+        why = _delta_scan(roots)
+        if why:
+            return Decision(None, why)
+    else:
+        _warn_delta(roots)
+    if len(roots) == 1 and not parts and fmt != DELTA_FORMAT:
         whole = _whole_folder(roots[0], spark_reads)
         if whole is not None:
             return whole
     return _listed(roots, spark_reads, parts, {n: SPARK_TYPES[types[n]] for n in parts},
                    reader)
+
+
+def _delta_scan(roots: list[str]) -> str:
+    """Why a scan of a Delta table (Spark with Delta Lake) is not read in place ("" where its
+    files, as ``inputFiles()`` lists them for the scanned version, are the rows): deletion
+    vectors or column mapping enabled, or no ``deltalake`` to tell. Not tested here: no
+    Delta Lake jar is reachable from the test machine."""
+    try:
+        from deltalake import DeltaTable
+    except ImportError:
+        return ("it scans a Delta table, which is read in place only where the deltalake "
+                "package (pip install 'sparkddl[delta]') can check its deletion vectors and "
+                "column mapping")
+    from sparkddl.data.delta import not_in_place
+    store = Store.from_uri(roots[0])
+    try:
+        table = DeltaTable(store.fs_path(store.url()) if store.scheme == "file"
+                           else store.url())
+    except Exception as exc:  # noqa: BLE001 - e.g. credentials only Spark holds: materialize
+        return f"its Delta log at {roots[0]} could not be read here ({type(exc).__name__})"
+    why = not_in_place(table)
+    return f"the Delta table at {roots[0]} {why}" if why else ""
 
 
 def _warn_delta(roots: list[str]) -> None:

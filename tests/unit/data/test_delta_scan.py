@@ -1,0 +1,28 @@
+"""What decides whether a Delta scan (Spark with Delta Lake) is read in place, on tables the
+deltalake package writes: plain ones are; deletion vectors, column mapping and a log that
+cannot be read are materialized, each with its reason."""
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from sparkddl.data.inplace import _delta_scan
+
+
+def table(tmp_path, name, **configuration):
+    from deltalake import write_deltalake
+    ids = np.arange(30)
+    write_deltalake(str(tmp_path / name), pa.table({"id": ids, "part": ids % 3}),
+                    partition_by=["part"], configuration=configuration or None)
+    return (tmp_path / name).as_uri()
+
+
+def test_a_plain_delta_table_is_read_in_place_and_the_others_say_why(tmp_path):
+    pytest.importorskip("deltalake")
+    assert _delta_scan([table(tmp_path, "plain")]) == ""
+    assert "has deletion vectors enabled" in _delta_scan(
+        [table(tmp_path, "dv", **{"delta.enableDeletionVectors": "true"})])
+    assert "uses column mapping (mode 'name'" in _delta_scan(
+        [table(tmp_path, "cm", **{"delta.columnMapping.mode": "name"})])
+    assert "could not be read here" in _delta_scan([(tmp_path / "nothing").as_uri()])
