@@ -46,7 +46,7 @@ def delta_listing(url: str) -> Listing | None:
                         "spark.read.format('delta').load(url) from a session with Delta "
                         "Lake") from None
     store = Store.from_uri(url)
-    table = DeltaTable(store.fs_path(store.url()) if store.scheme == "file" else store.url())
+    table = open_table(DeltaTable, store)
     why = not_in_place(table)
     if why:
         raise DataError(f"the Delta table at {url} {why}, which a reader of its Parquet files "
@@ -73,6 +73,31 @@ def _spark_url(store: Store, path: str) -> str:
     """``path`` of the store's filesystem as a URL Spark opens."""
     root = store.fs_path(store.url())
     return store.spark_url(posixpath.relpath(path, root))
+
+
+def open_table(delta_table: Any, store: Store) -> Any:
+    """deltalake's ``DeltaTable`` of the table at the store's root (a local path for
+    ``file://``, the URL otherwise)."""
+    return delta_table(store.fs_path(store.url()) if store.scheme == "file" else store.url())
+
+
+def scan_reason(url: str) -> str:
+    """Why a scan of the Delta table at ``url`` by Spark with Delta Lake is not read in place
+    from the files ``inputFiles()`` lists for the scanned version ("" where it is):
+    deletion vectors or column mapping enabled, or no ``deltalake`` to tell, or a log it
+    cannot read here. Not tested here: no Delta Lake jar is reachable from the tests."""
+    try:
+        from deltalake import DeltaTable
+    except ImportError:
+        return ("it scans a Delta table, which is read in place only where the deltalake "
+                "package (pip install 'sparkddl[delta]') can check its deletion vectors and "
+                "column mapping")
+    try:
+        table = open_table(DeltaTable, Store.from_uri(url))
+    except Exception as exc:  # noqa: BLE001 - e.g. credentials only Spark holds: materialize
+        return f"its Delta log at {url} could not be read here ({type(exc).__name__})"
+    why = not_in_place(table)
+    return f"the Delta table at {url} {why}" if why else ""
 
 
 def not_in_place(table: Any) -> str:

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlparse
 
+from sparkddl.data.delta import is_delta, scan_reason
 from sparkddl.data.listing import SPARK_TYPES, Listing, hive_listing
 from sparkddl.data.plan import data_files
 from sparkddl.errors import DataError
@@ -84,7 +85,7 @@ def decide(df: Any, columns: list[str], kinds: dict[str, str], types: dict[str, 
              for i in range(relation.location().rootPaths().size())]
     spark_reads = sorted(df.inputFiles())
     if fmt == DELTA_FORMAT:  # Spark with Delta Lake (Databricks): its version's files
-        why = _delta_scan(roots)
+        why = scan_reason(roots[0])
         if why:
             return Decision(None, why)
     else:
@@ -97,32 +98,9 @@ def decide(df: Any, columns: list[str], kinds: dict[str, str], types: dict[str, 
                    reader)
 
 
-def _delta_scan(roots: list[str]) -> str:
-    """Why a scan of a Delta table (Spark with Delta Lake) is not read in place ("" where its
-    files, as ``inputFiles()`` lists them for the scanned version, are the rows): deletion
-    vectors or column mapping enabled, or no ``deltalake`` to tell. Not tested here: no
-    Delta Lake jar is reachable from the test machine."""
-    try:
-        from deltalake import DeltaTable
-    except ImportError:
-        return ("it scans a Delta table, which is read in place only where the deltalake "
-                "package (pip install 'sparkddl[delta]') can check its deletion vectors and "
-                "column mapping")
-    from sparkddl.data.delta import not_in_place
-    store = Store.from_uri(roots[0])
-    try:
-        table = DeltaTable(store.fs_path(store.url()) if store.scheme == "file"
-                           else store.url())
-    except Exception as exc:  # noqa: BLE001 - e.g. credentials only Spark holds: materialize
-        return f"its Delta log at {roots[0]} could not be read here ({type(exc).__name__})"
-    why = not_in_place(table)
-    return f"the Delta table at {roots[0]} {why}" if why else ""
-
-
 def _warn_delta(roots: list[str]) -> None:
     """A Parquet scan of a Delta table's folder reads the files of every version: say so (the
     rows are those of the DataFrame as given, as Spark reads them)."""
-    from sparkddl.data.delta import is_delta
     for root in roots:
         if is_delta(root):
             log.warning("data: %s is a Delta Lake table read as plain Parquet: Spark reads the "

@@ -55,10 +55,9 @@ class Listing:
         import pyarrow as pa
         row = self.values[self._index[path]]
         types = self.arrow_types()
-        for name in wanted:
-            value = row[self.columns.index(name)]
-            table = table.append_column(
-                name, pa.array([value] * table.num_rows, type=types[name]))
+        for name in wanted:  # one value repeated by Arrow, no Python object per row
+            value = pa.scalar(row[self.columns.index(name)], type=types[name])
+            table = table.append_column(name, pa.repeat(value, table.num_rows))
         return table.select(names)
 
     @functools.cached_property

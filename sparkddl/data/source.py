@@ -58,7 +58,9 @@ def open_parquet(url: str, spec: DataSpec, listing: Listing | None = None) -> Da
         groups = list_row_groups(fs, root, listing)
     except FileNotFoundError as exc:
         raise DataError(f"no Parquet dataset at {url}" if listing is None else
-                        f"the table at {url} names files that are not there ({exc})") from None
+                        f"the table at {url} names files that are not there ({exc}): they were "
+                        "deleted (a vacuum, an overwrite) after the table was listed; read the "
+                        "table again (a new DataFrame or read_delta) and fit on that") from None
     if not sum(g.rows for g in groups):
         raise DataError(f"no Parquet rows under {url}; point at a directory of Parquet files")
     first = next(g for g in groups if g.rows)  # an empty one has no arrays to measure
@@ -198,11 +200,15 @@ def prepare_parquet(url: str, spec: DataSpec, *, num_workers: int, batch_size: i
     val = _open(validation_url, spec) if validation_url else None
     identity = {"train": file_identity(train.url, train.listing),
                 "val": file_identity(val.url, val.listing) if val else None}
-    files = tuple(identity["train"])
-    return PreparedData(dataclasses.replace(train, files=files if train.listing else ()),
-                        val and dataclasses.replace(val, files=tuple(identity["val"] or ())
-                                                    if val.listing else ()),
+    return PreparedData(_checked(train, identity["train"]),
+                        val and _checked(val, identity["val"]),
                         fp.fingerprint(identity), source=url)
+
+
+def _checked(dataset: Dataset, identity: list[tuple[str, int, int]]) -> Dataset:
+    """A listed dataset with the identity of its files, which the readers check before each
+    epoch (a listed file that is gone is named, not just missing)."""
+    return dataclasses.replace(dataset, files=tuple(identity)) if dataset.listing else dataset
 
 
 def _open(url: str, spec: DataSpec) -> Dataset:

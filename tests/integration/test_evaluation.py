@@ -43,16 +43,21 @@ def test_ranks_and_driver_give_the_same_metrics_best_snapshot_and_stop(digits, t
     monkeypatch.setattr(evaluation.SnapshotEvaluator, "_evaluate", refuse)
     on_ranks = _fit(digits, tmp_path / "ranks", evaluation="ranks")
     monkeypatch.setattr(evaluation.SnapshotEvaluator, "_evaluate", driver_evaluate)
-    assert len(on_ranks.history) == len(on_driver.history) >= 2
+    assert_same_evaluation(on_driver, on_ranks)
+
+
+def assert_same_evaluation(on_driver, other) -> None:
+    """The same training, every metric the same, the same best snapshot and early stop."""
+    assert len(other.history) == len(on_driver.history) >= 2
     keys = ["val_loss"] + [f"val_{m}" for m in METRICS]
-    for a, b in zip(on_driver.history, on_ranks.history):
+    for a, b in zip(on_driver.history, other.history):
         assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-9)  # same training
         for k in keys:
             assert math.isfinite(a[k]) and a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-9), k
-    assert all(r["val_time_s"] > 0 for r in on_driver.history + on_ranks.history)
-    assert on_ranks.chosen_epoch == on_driver.chosen_epoch
-    assert on_ranks.stopped_early == on_driver.stopped_early
-    assert on_ranks.epochs_done == on_driver.epochs_done
+    assert all(r["val_time_s"] > 0 for r in on_driver.history + other.history)
+    assert other.chosen_epoch == on_driver.chosen_epoch
+    assert other.stopped_early == on_driver.stopped_early
+    assert other.epochs_done == on_driver.epochs_done
 
 
 @pytest.mark.timeout(120)
@@ -77,13 +82,7 @@ def test_a_spark_job_beside_the_fit_gives_the_driver_s_metrics(digits, tmp_path,
     with caplog.at_level(logging.INFO, logger="sparkddl.launch"):
         on_cluster = _fit(digits, tmp_path / "cluster", evaluation="cluster", numWorkers=1)
     assert "each snapshot by a Spark job of 3 task(s) beside the fit" in caplog.text
-    assert len(on_cluster.history) == len(on_driver.history) >= 2
-    for a, b in zip(on_driver.history, on_cluster.history):
-        assert a["train_loss"] == pytest.approx(b["train_loss"], rel=1e-9)
-        for k in ["val_loss"] + [f"val_{m}" for m in METRICS]:
-            assert math.isfinite(a[k]) and a[k] == pytest.approx(b[k], rel=1e-6, abs=1e-9), k
-    assert on_cluster.chosen_epoch == on_driver.chosen_epoch
-    assert on_cluster.stopped_early == on_driver.stopped_early
+    assert_same_evaluation(on_driver, on_cluster)
 
 
 @pytest.mark.timeout(120)

@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from sparkddl.data.inplace import _delta_scan
+from sparkddl.data.delta import scan_reason
 
 
 def table(tmp_path, name, **configuration):
@@ -20,9 +20,9 @@ def table(tmp_path, name, **configuration):
 
 def test_a_plain_delta_table_is_read_in_place_and_the_others_say_why(tmp_path):
     pytest.importorskip("deltalake")
-    assert _delta_scan([table(tmp_path, "plain")]) == ""
-    assert "has deletion vectors enabled" in _delta_scan(
-        [table(tmp_path, "dv", **{"delta.enableDeletionVectors": "true"})])
-    assert "uses column mapping (mode 'name'" in _delta_scan(
-        [table(tmp_path, "cm", **{"delta.columnMapping.mode": "name"})])
-    assert "could not be read here" in _delta_scan([(tmp_path / "nothing").as_uri()])
+    assert scan_reason(table(tmp_path, "plain")) == ""
+    assert "has deletion vectors enabled" in scan_reason(
+        table(tmp_path, "dv", **{"delta.enableDeletionVectors": "true"}))
+    assert "uses column mapping (mode 'name'" in scan_reason(
+        table(tmp_path, "cm", **{"delta.columnMapping.mode": "name"}))
+    assert "could not be read here" in scan_reason((tmp_path / "nothing").as_uri())
