@@ -10,6 +10,10 @@ Systems, each in a fresh process of its own (so each pays its own cold start: a 
 or a Ray cluster, of its own; nothing is shared between systems):
   - floor: one process, no framework: the files read with pyarrow into tensors, a plain loop
     (a new permutation each epoch) on 1 torch thread;
+  - ddp: plain torch DDP without Spark, the ceiling of an allreduce fit on these files:
+    ``workers`` processes spawned by torch.multiprocessing (gloo, 1 thread each), each
+    reading its share of the files (``files[rank::world]``) with pyarrow into tensors, then
+    the same loop (a new permutation each epoch, equal steps on every rank);
   - sparkddl: ``TorchEstimator(...).fit(spark.read.parquet(path))`` (the table is read in
     place), numWorkers=2, progress=False; steady throughput from ``model.history``;
   - TorchDistributor + Petastorm: side_by_side.py's ``peer`` on the table's files (the recipe
@@ -73,11 +77,12 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from common import digits_parquet, write_results  # noqa: E402
 
-FLOOR, SPARKDDL, PETASTORM, STREAMING, RAY = ("floor", "sparkddl", "petastorm", "streaming",
-                                               "ray")
-SYSTEMS = [FLOOR, SPARKDDL, PETASTORM, STREAMING, RAY]
+FLOOR, DDP, SPARKDDL, PETASTORM, STREAMING, RAY = ("floor", "ddp", "sparkddl", "petastorm",
+                                                    "streaming", "ray")
+SYSTEMS = [FLOOR, DDP, SPARKDDL, PETASTORM, STREAMING, RAY]
 LABELS = {
     FLOOR: "plain torch floor (1 process, pyarrow -> tensors, 1 thread)",
+    DDP: "plain torch DDP, no Spark (2 processes, each reads its files with pyarrow)",
     SPARKDDL: "sparkddl: TorchEstimator.fit(spark.read.parquet(...))",
     PETASTORM: "TorchDistributor + Petastorm (the table's files)",
     STREAMING: "TorchDistributor + Mosaic Streaming (dataframe_to_mds + StreamingDataset)",
@@ -159,6 +164,26 @@ def run_floor(table: Path, hp: Hyper, work: Path) -> dict[str, Any]:
     return {"epoch_times": out["epoch_times"], "samples_per_epoch": [steps * hp.batch] * hp.epochs,
             "final_loss": out["final_loss"], "ranks": 1, "parts": {"pyarrow read": load_s},
             "trained_at": time.perf_counter()}
+
+
+# ------------------------------------------------------------------------ plain DDP
+
+def run_ddp(table: Path, hp: Hyper, work: Path) -> dict[str, Any]:
+    """The ceiling of an allreduce fit: torch DDP in ``workers`` spawned processes (gloo,
+    1 thread each), each rank reading its share of the files with pyarrow; no Spark."""
+    import side_by_side
+    from common import spawn_ranks
+
+    sbs = side_by_side.Hyper(epochs=hp.epochs, batch=hp.batch, lr=hp.lr, seed=hp.seed)
+    files = sorted(str(f) for f in table.glob("*.parquet"))
+    t = time.perf_counter()
+    out = spawn_ranks(side_by_side.files_train, hp.workers, files, sbs)
+    trained = time.perf_counter()
+    return {"epoch_times": out["epoch_times"],
+            "samples_per_epoch": [out["steps"] * hp.batch] * hp.epochs,
+            "final_loss": out["final_loss"], "ranks": hp.workers,
+            "parts": {"spawn + import + rendezvous + train": trained - t,
+                      "rank 0's pyarrow read": out["read_s"]}, "trained_at": trained}
 
 
 # ---------------------------------------------------------------------------- sparkddl
@@ -347,7 +372,7 @@ def run_ray(table: Path, hp: Hyper, work: Path, cpus: int = 0) -> dict[str, Any]
 
 
 RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {
-    FLOOR: run_floor, SPARKDDL: run_sparkddl, PETASTORM: run_petastorm,
+    FLOOR: run_floor, DDP: run_ddp, SPARKDDL: run_sparkddl, PETASTORM: run_petastorm,
     STREAMING: run_streaming, RAY: run_ray}
 
 
@@ -517,8 +542,8 @@ def plot(rows: list[dict[str, Any]]) -> Callable[[Path], None]:
 
         ok = [r for r in rows if "error" not in r]
         names = [r["key"] for r in ok]
-        colors = ["tab:green" if n == SPARKDDL else "tab:gray" if n == FLOOR else "tab:blue"
-                  for n in names]
+        colors = ["tab:green" if n == SPARKDDL else "tab:gray" if n in (FLOOR, DDP)
+                  else "tab:blue" for n in names]
         fig, axes = plt.subplots(1, 3, figsize=(15, 4.2))
         for ax, key, title in zip(
                 axes, ["cold_wall_s", "steady_samples_per_s_per_rank", "peak_rss_MB"],
@@ -564,7 +589,7 @@ def summary(rows: list[dict[str, Any]]) -> str:
         return "\n".join(lines + ["- sparkddl did not finish: no comparison."])
     our_setup = ours["setup_s"] or 0.0
     for r in rows:
-        if r["key"] in (SPARKDDL, FLOOR):
+        if r["key"] in (SPARKDDL, FLOOR, DDP):
             continue
         if "error" in r:
             lines.append(f"- {r['system']}: failed ({r['error']})")
@@ -593,6 +618,16 @@ def summary(rows: list[dict[str, Any]]) -> str:
             f"sparkddl's ranks run {ratio:.2f} x that each ({ratio * ours['ranks']:.2f} x "
             f"together): 2 ranks share the 2 cores with Spark's JVM and average the gradients "
             f"(a gloo allreduce) every step")
+    ddp = next((r for r in rows if r["key"] == DDP and "error" not in r), None)
+    if ddp is not None:
+        ratio = ours["steady_samples_per_s_per_rank"] / ddp["steady_samples_per_s_per_rank"]
+        lines.append(
+            f"- plain DDP without Spark (not a peer: the ceiling of an allreduce fit here) "
+            f"runs its ranks at {ddp['steady_samples_per_s_per_rank']:,.0f} samples/s each and "
+            f"takes {ddp['cold_wall_s']:.1f} s cold, {sum(ddp['epoch_times_s']):.1f} s of it "
+            f"in the epochs; sparkddl's ranks run {ratio:.2f} x that, and its cold wall is "
+            f"{ours['cold_wall_s'] - ddp['cold_wall_s']:+.1f} s beside it (the Spark session, "
+            f"the executors' Python workers, the checks and the snapshots)")
     return "\n".join(lines)
 
 

@@ -162,12 +162,18 @@ def ddp_loop(batches: Callable[[int], Any], steps: int, hp: Hyper, stamps: dict[
 
 def reference_train(x: Any, y: Any, hp: Hyper) -> dict[str, Any]:
     """One rank of plain DDP outside Spark: rows rank::world of the in-memory tensors."""
-    import torch
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
     xs, ys = x[rank::world], y[rank::world]
     steps = len(ys) // hp.batch
+    return ddp_loop(permuted(xs, ys, steps, hp, rank), steps, hp, {})
+
+
+def permuted(xs: Any, ys: Any, steps: int, hp: Hyper, rank: int) -> Callable[[int], Any]:
+    """``batches(epoch)`` for ddp_loop: a new seeded permutation of the rank's rows each
+    epoch, ``steps`` batches gathered from it."""
+    import torch
     gen = torch.Generator().manual_seed(hp.seed * 1000 + rank)
 
     def batches(epoch: int) -> Any:
@@ -175,7 +181,25 @@ def reference_train(x: Any, y: Any, hp: Hyper) -> dict[str, Any]:
         for s in range(steps):
             idx = order[s * hp.batch:(s + 1) * hp.batch]
             yield {"features": xs[idx], "label": ys[idx]}
-    return ddp_loop(batches, steps, hp, {})
+    return batches
+
+
+def files_train(files: list[str], hp: Hyper) -> dict[str, Any]:
+    """One rank of plain DDP outside Spark that reads its own files (``files[rank::world]``)
+    with pyarrow into tensors: the ceiling of an allreduce fit on these files."""
+    import torch
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    t = time.perf_counter()
+    parts = [load_tensors(Path(f)) for f in files[rank::world]]
+    xs, ys = torch.cat([p[0] for p in parts]), torch.cat([p[1] for p in parts])
+    read_s = time.perf_counter() - t
+    steps = torch.tensor([len(ys) // hp.batch])
+    dist.all_reduce(steps, op=dist.ReduceOp.MIN)  # equal steps on every rank
+    steps = int(steps)
+    return {**ddp_loop(permuted(xs, ys, steps, hp, rank), steps, hp, {}), "steps": steps,
+            "read_s": read_s}
 
 
 def reference(x: Any, y: Any, hp: Hyper, load_s: float) -> dict[str, Any]:

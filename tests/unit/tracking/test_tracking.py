@@ -79,6 +79,21 @@ def test_nothing_is_logged_without_an_active_run_unless_asked(store):
     assert mlflow.search_runs(output_format="list") == []
 
 
+def test_the_default_does_not_import_mlflow_where_the_caller_has_not():
+    """No run can be active in a process that never imported MLflow: a first fit there must
+    not pay MLflow's import (2.5 s cold) to find that out."""
+    code = textwrap.dedent("""
+        import sys
+        from sparkddl.tracking.runs import MlflowTracking
+        assert MlflowTracking.begin(None, {"epochs": 1}) is None
+        assert "mlflow" not in sys.modules, "the default setting imported mlflow"
+        print("ok")
+    """)
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
 def test_params_metrics_per_epoch_and_restarts_reach_the_run(store):
     with mlflow.start_run() as run:
         t = tracking.MlflowTracking.begin(None, {"epochs": 3, "model": torch.nn.Linear(2, 2),
