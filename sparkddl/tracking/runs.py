@@ -81,7 +81,7 @@ class MlflowTracking:
         if setting is False:
             return None
         if setting is not True and "mlflow" not in sys.modules:
-            # a run can be active only where MLflow was imported: 'auto' need not import it
+            # a run can be active only where MLflow was imported: the default need not import it
             # (2.5 s of a cold process's first fit)
             return None
         try:
