@@ -32,6 +32,17 @@ def write_table(spark, path, rows: int = 4000, files: int = 4) -> str:
     return str(path)
 
 
+def fixed_file_names(path: str) -> None:
+    """Spark names each part file with a UUID drawn per write, and a split by row groups
+    draws per file path: fixed names give a test the same split (and held-out accuracy) on
+    every run. Their stale .crc files go too."""
+    from pathlib import Path
+    for crc in Path(path).glob(".part-*.crc"):
+        crc.unlink()
+    for i, part in enumerate(sorted(Path(path).glob("part-*.parquet"))):
+        part.rename(part.with_name(f"part-{i:05d}.parquet"))
+
+
 def stored_data(store) -> list[str]:
     data = os.path.join(store, "data")
     return sorted(os.listdir(data)) if os.path.isdir(data) else []
@@ -215,6 +226,7 @@ def test_a_fit_on_a_table_read_in_place_streams_its_validation_split(spark_local
 
     path = str(tmp_path / "digits")
     digits_df(spark_local).write.option("parquet.block.size", 16 << 10).parquet(path)
+    fixed_file_names(path)
     config = TrainConfig(features=("features",), label="label", epochs=8, batch_size=32,
                          learning_rate=3e-3, num_workers=2, validation=0.2,
                          store=str(tmp_path / "store"), progress=False, seed=5)
