@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from sparkddl.checkpoint.safe import load_plain
-from sparkddl.errors import CheckpointError, StaleAttemptError
+from sparkddl.errors import CheckpointError, StaleAttemptError, StoreError
 from sparkddl.store import Store
 
 log = logging.getLogger(__name__)
@@ -75,7 +75,13 @@ def save(store: Store, run_id: str, epoch: int, step: int, payload: dict[str, An
     nothing: StaleAttemptError."""
     url = f"{checkpoint_dir(store, run_id)}/ckpt-{epoch:05d}-{step:08d}.pt"
     check_fence(store, run_id, fence)
-    store.write_bytes(url, encode(payload))
+    try:
+        store.write_bytes(url, encode(payload))  # all or nothing: temp + rename
+    except StoreError as exc:
+        raise StoreError(f"the checkpoint at epoch {epoch}, step {step} of run {run_id} was "
+                         f"not written (nothing of it is left): {exc}. The checkpoints written "
+                         "before it are intact; once the store can be written again, a fit "
+                         f"with runId={run_id!r} resumes from the newest") from exc
     check_fence(store, run_id, fence)  # a relaunch may have begun while this one wrote
     for old in listing(store, run_id)[:-keep] if keep > 0 else []:
         if old.url != protect:

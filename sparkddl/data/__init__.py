@@ -49,6 +49,7 @@ def prepare(data: Any, spec: DataSpec, *, num_workers: int, batch_size: int,
     from sparkddl.data.schema import check_columns, spark_kind
     from sparkddl.data.source import prepare_table
 
+    _check_frame(data, spec)
     fields = {f.name: (spark_kind(f.dataType), f.dataType.simpleString())
               for f in data.schema.fields}
     check_columns(spec, fields)
@@ -73,3 +74,21 @@ def prepare(data: Any, spec: DataSpec, *, num_workers: int, batch_size: int,
     return materialize(data.sparkSession, data, spec, Store.from_uri(store),
                        num_workers=num_workers, batch_size=batch_size, validation=validation,
                        seed=seed)
+
+
+def _check_frame(df: Any, spec: Any) -> None:
+    """What Spark would only say in an error of its own, later: a stream, and columns the
+    fit reads whose names the DataFrame holds twice."""
+    if df.isStreaming:
+        raise DataError("the DataFrame is a stream (spark.readStream), which has no fixed set "
+                        "of rows to train epochs on; write it to a table first (e.g. "
+                        "writeStream.trigger(availableNow=True).toTable(name)) and fit on "
+                        "spark.read.table(name)")
+    fold = str(df.sparkSession.conf.get("spark.sql.caseSensitive", "false")).lower() != "true"
+    names = [f.name.lower() if fold else f.name for f in df.schema.fields]
+    twice = [c for c in spec.columns if names.count(c.lower() if fold else c) > 1]
+    if twice:
+        raise DataError(f"the DataFrame has {len(df.schema.fields)} columns, more than one of "
+                        f"them named {', '.join(map(repr, twice))}, so which to train on is "
+                        "ambiguous (a join keeps both sides' columns); rename or drop one "
+                        "first, e.g. with .alias() on each side of the join or .toDF(...)")

@@ -70,9 +70,17 @@ def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
 def check_table(plan: ShardPlan, table: Any, path: str, index: int) -> None:
     """Nulls and unequal array lengths, named with the file they are in: a table read in
     place can hold what its footers did not show."""
+    import pyarrow as pa
+
     for col in plan.columns:
         values = table.column(col.name)
         where = f"column {col.name!r} of {path} (row group {index})"
+        kind = values.type.value_type if hasattr(values.type, "value_type") else values.type
+        if np.dtype(col.dtype).kind in "iu" and pa.types.is_floating(kind):
+            # a file that differs from the one the driver planned with: never cast 3.5 to 3
+            raise DataError(f"{where} is {values.type}, where the fit was planned for "
+                            f"integers ({col.dtype}) from the table's other files; rewrite "
+                            "that file with one type per column")
         if values.null_count:
             raise DataError(f"{where} has {values.null_count} null values; drop or fill them "
                             "first")

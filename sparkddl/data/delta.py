@@ -131,8 +131,8 @@ def listing_of(store: Store, table: Any) -> Listing:
 def _path(store: Store, root: str, path: str) -> str:
     """A file named by the Delta log (relative and URL-encoded, or an absolute URI) as a
     path in the store's filesystem."""
-    if urlparse(path).scheme:
-        other = Store.from_uri(path)
+    if urlparse(path).scheme:  # an absolute URI, %-encoded as the protocol has it
+        other = Store.from_uri(unquote(path))
         return other.fs_path(other.url())
     return posixpath.join(root, unquote(path))
 

@@ -4,12 +4,14 @@ with pyarrow in row groups of the same number of rows, reporting its files and t
 statistics the driver checks (data/materialize.py)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import posixpath
 from typing import Any, Iterator
 
 from sparkddl.data.schema import ColumnSpec
 from sparkddl.store import Store
+from sparkddl.store.faults import explained
 
 SPLIT_COL = "__split"
 
@@ -47,20 +49,23 @@ def write_partition(columns: tuple[ColumnSpec, ...], store: Store, root: str, gr
     pending: dict[str, list[Any]] = {"train": [], "val": []}
     sums: dict[str, Any] = {}
 
+    urls = {split: f"{root}/{SPLIT_COL}={split}/{name}" for split in pending}
+
     def flush(split: str, everything: bool) -> None:
         rows = sum(b.num_rows for b in pending[split])
         whole = rows if everything else rows - rows % group_rows
         if not whole:
             return
         table = pa.Table.from_batches(pending[split], schema)
-        if split not in writers:
-            path = f"{store.fs_path(root)}/{SPLIT_COL}={split}/{name}"
-            fs.create_dir(posixpath.dirname(path), recursive=True)
-            # given the path, the writer owns its file and closes it (an object store
-            # completes the upload only then)
-            writers[split] = pq.ParquetWriter(path, schema, filesystem=fs,
-                                              use_dictionary=plain, write_statistics=plain)
-        writers[split].write_table(table.slice(0, whole), row_group_size=group_rows)
+        with explained(urls[split]):  # a full disk: the file, its fault and the space left
+            if split not in writers:
+                path = store.fs_path(urls[split])
+                fs.create_dir(posixpath.dirname(path), recursive=True)
+                # given the path, the writer owns its file and closes it (an object store
+                # completes the upload only then)
+                writers[split] = pq.ParquetWriter(path, schema, filesystem=fs,
+                                                  use_dictionary=plain, write_statistics=plain)
+            writers[split].write_table(table.slice(0, whole), row_group_size=group_rows)
         pending[split] = table.slice(whole).to_batches()
 
     try:
@@ -73,13 +78,27 @@ def write_partition(columns: tuple[ColumnSpec, ...], store: Store, root: str, gr
                     flush(split, everything=False)
         for split in pending:
             flush(split, everything=True)
-    finally:
-        for writer in writers.values():
-            writer.close()
-    reports = [(split, f"{root}/{SPLIT_COL}={split}/{name}") for split in writers]
+        for split, writer in writers.items():
+            with explained(urls[split]):  # the footer, and an object store's upload
+                writer.close()
+    except BaseException:
+        _abandon(store, writers, urls)
+        raise
+    reports = [(split, urls[split]) for split in writers]
     yield pa.RecordBatch.from_pydict({
         "split": [s for s, _ in reports] + [""], "path": [p for _, p in reports] + [""],
         "stats": [json.dumps({})] * len(reports) + [json.dumps(sums)]})
+
+
+def _abandon(store: Store, writers: dict[str, Any], urls: dict[str, str]) -> None:
+    """Close and delete what a failed task attempt wrote: its partial files would hold the
+    space its retry needs (the driver removes the whole write's folder too, but only once
+    the job has failed)."""
+    for writer in writers.values():
+        with contextlib.suppress(Exception):  # closing writes a footer: it may fail again
+            writer.close()
+    for url in urls.values():  # a file may exist without its writer
+        store.discard(url)
 
 
 def arrow_type(c: ColumnSpec) -> Any:

@@ -1,21 +1,35 @@
 """Content fingerprints of DataFrames, so materialized Parquet is reused only when the data
 has not changed.
 
-When every leaf of the analyzed plan reads files (or is a range), the fingerprint is the
-canonicalized plan plus each input file's path, size and modification time: no data is
-scanned. Other leaves (local data, RDDs, JDBC, cached relations) carry data the plan text
-does not show, so their fingerprint includes a content hash computed by Spark.
+When every leaf of the analyzed plan reads files (or is a range) and every expression in it
+is Spark's own and deterministic, the fingerprint is the canonicalized plan plus each input
+file's path, size and modification time: no data is scanned. Other leaves (local data, RDDs,
+JDBC, cached relations) carry data the plan text does not show, and so does user code: a
+Python, pandas or Scala UDF (or a typed map over objects) is named in the plan text, but its
+code and closure are not, so a UDF redefined under the same name in the next notebook cell
+would hit the old data. Such plans, and non-deterministic ones, are fingerprinted by a
+content hash computed by Spark.
 """
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import re
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 # leaf plan nodes whose content is fully identified by the plan text plus input file identity.
 # Not HiveTableRelation (a Hive table Spark does not convert to a file relation): its
 # inputFiles() is the table's folder, whose size and mtime miss rewrites of files inside.
 _IDENTIFIED_LEAVES = {"Range", "OneRowRelation"}
+# plan nodes and expressions that run user code: Python/pandas/Arrow UDFs and maps, Scala/Java
+# UDFs and aggregators, typed Dataset maps over objects, R, piped scripts
+_OPAQUE = re.compile(r"UDF|UDAF|UDTF|Udf|Aggregator|InPandas|InArrow|InR$|MapElements|"
+                     r"MapPartitions|MapGroups|CoGroup|AppendColumns|ScriptTransformation|"
+                     r"Python")
+_SUBQUERY = re.compile(r"Subquery$|^Exists$|^ListQuery$|SubqueryArgumentExpression$")
 FORMAT_VERSION = 1  # bump when the materialized layout changes
 
 
@@ -37,12 +51,72 @@ def leaf_kinds(df: Any) -> list[str]:
     return kinds
 
 
+def root_paths(df: Any) -> list[list[str]]:
+    """The paths each file scan of the plan was given, as given: the plan text leaves them
+    out, and inputFiles() names each file once, but Spark reads a file once per root path
+    that holds it (``read.parquet(t, t)`` has every row twice)."""
+    leaves = df._jdf.queryExecution().analyzed().collectLeaves()
+    out = []
+    for i in range(leaves.size()):
+        leaf = leaves.apply(i)
+        if str(leaf.getClass().getSimpleName()) == "LogicalRelation" and \
+                str(leaf.relation().getClass().getSimpleName()) == "HadoopFsRelation":
+            paths = leaf.relation().location().rootPaths()
+            out.append([str(paths.apply(j).toString()) for j in range(paths.size())])
+    return out
+
+
 def identified_by_files(df: Any) -> bool:
     """False for a Spark Connect DataFrame: its analyzed plan is the server's, so its
-    content is hashed instead."""
+    content is hashed instead; False where the plan runs code it does not show
+    (:func:`opaque_code`)."""
     if getattr(df, "_jdf", None) is None:
         return False
-    return all(k in _IDENTIFIED_LEAVES or k == "FileRelation" for k in leaf_kinds(df))
+    if not all(k in _IDENTIFIED_LEAVES or k == "FileRelation" for k in leaf_kinds(df)):
+        return False
+    opaque = opaque_code(df)
+    if opaque:
+        log.info("data: the DataFrame's plan runs %s, whose code the plan text does not "
+                 "identify: its cache key is a hash of its content", opaque)
+        return False
+    return True
+
+
+def opaque_code(df: Any) -> str | None:
+    """What in the analyzed plan of ``df`` (a classic DataFrame) makes its text a poor key:
+    user code (UDFs, pandas/Arrow maps, typed Dataset maps), whose body and closure the text
+    does not show, or a non-deterministic expression; None where there is none."""
+    pending = [df._jdf.queryExecution().analyzed()]
+    while pending:  # plan nodes, the subqueries in their expressions included
+        node = pending.pop()
+        name = str(node.getClass().getSimpleName())
+        if _OPAQUE.search(name):
+            return f"{name} (user code)"
+        exprs = node.expressions()
+        for i in range(exprs.size()):
+            found = _opaque_expression(exprs.apply(i), pending)
+            if found:
+                return found
+        children = node.children()
+        pending.extend(children.apply(i) for i in range(children.size()))
+    return None
+
+
+def _opaque_expression(root: Any, plans: list[Any]) -> str | None:
+    pending = [root]
+    while pending:
+        expr = pending.pop()
+        name = str(expr.getClass().getSimpleName())
+        if _OPAQUE.search(name):
+            return f"{name} {str(expr.prettyName())!r} (user code)"
+        if not expr.deterministic():
+            return f"the non-deterministic expression {name}"
+        if _SUBQUERY.search(name):  # its plan is a plan of its own
+            plans.append(expr.plan())
+        children = expr.children()
+        pending.extend(children.apply(i) for i in range(children.size()))
+    return None
+
 
 
 def input_file_identity(spark: Any, df: Any) -> list[tuple[str, int, int]]:
@@ -52,7 +126,7 @@ def input_file_identity(spark: Any, df: Any) -> list[tuple[str, int, int]]:
     conf = spark.sparkContext._jsc.hadoopConfiguration()
     out = []
     for path in sorted(df.inputFiles()):
-        jpath = jvm.org.apache.hadoop.fs.Path(path)
+        jpath = jvm.org.apache.hadoop.fs.Path(jvm.java.net.URI(path))  # as Spark encoded it
         status = jpath.getFileSystem(conf).getFileStatus(jpath)
         out.append((path, int(status.getLen()), int(status.getModificationTime())))
     return out

@@ -17,13 +17,13 @@ import logging
 import posixpath
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlparse
 
 from sparkddl.data.delta import is_delta, scan_reason
 from sparkddl.data.listing import SPARK_TYPES, Listing, hive_listing
 from sparkddl.data.plan import data_files
 from sparkddl.errors import DataError
-from sparkddl.store import Store
+from sparkddl.store import Store, decode_hadoop_uri
+from sparkddl.store.store import split_uri
 
 log = logging.getLogger(__name__)
 
@@ -81,9 +81,13 @@ def decide(df: Any, columns: list[str], kinds: dict[str, str], types: dict[str, 
                                   "in place only as a number, boolean or string")
     if parts and rows_selected and split_column in parts:
         return Decision(None, f"the validation column {split_column!r} is a partition column")
-    roots = [str(relation.location().rootPaths().apply(i).toUri())
+    roots = [decode_hadoop_uri(str(relation.location().rootPaths().apply(i).toUri()))
              for i in range(relation.location().rootPaths().size())]
-    spark_reads = sorted(df.inputFiles())
+    spark_reads = sorted(decode_hadoop_uri(f) for f in df.inputFiles())
+    overlap = _overlap(roots)
+    if overlap:  # Spark reads the files under both: inputFiles() names each once
+        return Decision(None, f"its root paths overlap ({overlap[1]} is inside {overlap[0]}), "
+                              "so Spark reads some files more than once")
     if fmt == DELTA_FORMAT:  # Spark with Delta Lake (Databricks): its version's files
         why = scan_reason(roots[0])
         if why:
@@ -96,6 +100,16 @@ def decide(df: Any, columns: list[str], kinds: dict[str, str], types: dict[str, 
             return whole
     return _listed(roots, spark_reads, parts, {n: SPARK_TYPES[types[n]] for n in parts},
                    reader)
+
+
+def _overlap(roots: list[str]) -> tuple[str, str] | None:
+    """Two root paths of which one is (inside) the other, if any."""
+    keys = [_key(r).rstrip("/") for r in roots]
+    for i, outer in enumerate(keys):
+        for j, inner in enumerate(keys):
+            if i != j and (inner == outer and i < j or inner.startswith(outer + "/")):
+                return roots[i], roots[j]
+    return None
 
 
 def _warn_delta(roots: list[str]) -> None:
@@ -133,7 +147,7 @@ def _listed(roots: list[str], spark_reads: list[str], parts: list[str], types: d
     if not spark_reads:
         return Decision(None, "Spark reads no files for it")
     stores = [Store.from_uri(f) for f in spark_reads]
-    homes = {s.root.split("://", 1)[0] + "://" + urlparse(s.root).netloc for s in stores}
+    homes = {s.root.split("://", 1)[0] + "://" + split_uri(s.root)[1] for s in stores}
     if len(homes) != 1:
         return Decision(None, f"its files are on {len(homes)} filesystems "
                               f"({', '.join(sorted(homes))}), not one")
@@ -158,5 +172,5 @@ def _name(obj: Any) -> str:
 def _key(path: str) -> str:
     """A file named by Spark (``file:/a/b``, ``s3a://bucket/k``) or by a pyarrow filesystem
     (``/a/b``, ``bucket/k``), compared without its scheme."""
-    parsed = urlparse(path)
-    return (parsed.netloc + parsed.path if parsed.scheme else path).lstrip("/")
+    scheme, netloc, rest = split_uri(path)
+    return (netloc + rest if scheme else path).lstrip("/")

@@ -25,12 +25,12 @@ from sparkddl.config import check_validation
 from sparkddl.data import fingerprint as fp
 from sparkddl.data.dataset import Dataset, PreparedData, read_meta, write_meta
 from sparkddl.data.encode import SPLIT_COL, merge_stats, write_partition
-from sparkddl.data.memory import heap_errors, row_group_bytes
+from sparkddl.data.memory import job_errors, row_group_bytes
 from sparkddl.data.plan import check_enough_rows, list_row_groups
 from sparkddl.data.schema import ColumnSpec, DataSpec, check_columns, column_spec, spark_kind
-from sparkddl.errors import DataError
+from sparkddl.errors import DataError, StoreError
 from sparkddl.session import cluster_context
-from sparkddl.store import Store
+from sparkddl.store import Store, faults
 
 log = logging.getLogger(__name__)
 
@@ -74,17 +74,19 @@ def materialize(spark: Any, df: Any, spec: DataSpec, store: Store, *, num_worker
     sc = cluster_context(spark)
     if fp.identified_by_files(df):
         # the plan and the files identify the data: one pass, which checks while it writes
-        identity.update(plan=fp.plan_text(df), files=fp.input_file_identity(spark, df))
+        with job_errors(sc, "listing the DataFrame's files"):
+            identity.update(plan=fp.plan_text(df), roots=fp.root_paths(df),
+                            files=fp.input_file_identity(spark, df))
         cached = _cached(store, fp.fingerprint(identity))
         if cached:
             return cached
-        with heap_errors(sc, "sizing the training data"):
+        with job_errors(sc, "sizing the training data"):
             rows, widths, varying = _size(df, selected, spec, kinds)
         if not rows:
             raise DataError("the DataFrame is empty: there is nothing to train on")
         profile = None
     else:  # local data, RDDs, tables: a content hash first, so that a cache hit writes nothing
-        with heap_errors(sc, "profiling the training data"):
+        with job_errors(sc, "profiling the training data"):
             profile = _profile(selected, spec, kinds, split_col, content_hash=True)
         _check(profile, spec, split_col, fraction, num_workers, batch_size)
         identity.update(content=profile.content_hash, rows=profile.rows)
@@ -97,7 +99,7 @@ def materialize(spark: Any, df: Any, spec: DataSpec, store: Store, *, num_worker
     columns = tuple(column_spec(c, spec.role(c), kinds[c], widths.get(c),
                                 spec.declared_shape(c), varying=c in varying)
                     for c in spec.columns)
-    with heap_errors(sc, "writing the training data"):
+    with job_errors(sc, "writing the training data"):
         prepared, sums = _write(selected, columns, store, key, rows, groups,
                                 row_group_bytes(sc, ROW_GROUP_BYTES))
     if profile is None:
@@ -108,7 +110,11 @@ def materialize(spark: Any, df: Any, spec: DataSpec, store: Store, *, num_worker
             store.delete(store.data_url(key))  # nothing of bad data stays in the store
             raise
     prepared = dataclasses.replace(prepared, label_ranges=profile.label_ranges)
-    write_meta(store, key, prepared)
+    try:
+        write_meta(store, key, prepared)  # last: it marks the Parquet beside it complete
+    except BaseException:  # unmarked, no fit reads the parts again: free their space
+        store.discard(posixpath.dirname(prepared.train.url))
+        raise
     log.info("materialized %d rows (%d train, %d validation) to %s", profile.rows,
              prepared.train.rows, prepared.val.rows if prepared.val else 0,
              store.data_url(key))
@@ -297,6 +303,21 @@ def _write(selected: Any, columns: tuple[ColumnSpec, ...], store: Store, key: st
     # many small partitions: fewer files; unknown (Connect): coalescing never adds files
     if partitions is None or partitions > 2 * files:
         selected = selected.coalesce(files)
+    try:
+        return _write_job(selected, columns, store, key, root, group_rows)
+    except BaseException as exc:
+        # what the failed job wrote (as much as a full disk took) has no meta.json, so no
+        # fit reads it again; left, it would hold the space the next fit needs
+        store.discard(root)
+        error = None if isinstance(exc, StoreError) else faults.from_executor(exc)
+        if error is None:
+            raise
+        raise error from exc
+
+
+def _write_job(selected: Any, columns: tuple[ColumnSpec, ...], store: Store, key: str,
+               root: str, group_rows: int) -> tuple[PreparedData, dict[str, Any]]:
+    """:func:`_write`'s Spark job, writing under ``root``, and what it reported."""
     reports = selected.mapInArrow(
         functools.partial(write_partition, columns, store, root, group_rows),
         "split string, path string, stats string").collect()

@@ -7,7 +7,7 @@ import re
 from contextlib import contextmanager
 from typing import Any, Iterator
 
-from sparkddl.errors import ClusterError
+from sparkddl.errors import ClusterError, DataError
 
 log = logging.getLogger(__name__)
 
@@ -64,12 +64,15 @@ def row_group_bytes(sc: Any, preferred: int, smallest: int = 1 << 20) -> int:
 # how Spark's uncaught-exception handler ends a JVM that ran out of memory
 OOM_EXIT_CODE = 52
 JVM_EXIT_WAIT_S = 10.0
+# what Spark's error says when a file it listed is gone before a task reads it
+FILE_GONE = ("FILE_NOT_EXIST", "java.io.FileNotFoundException")
 
 
 @contextmanager
-def heap_errors(sc: Any, what: str) -> Iterator[None]:
+def job_errors(sc: Any, what: str) -> Iterator[None]:
     """Turn a Spark job failure caused by java.lang.OutOfMemoryError into a ClusterError that
-    names the heap setting, its value, and how to fix it. In local mode such an error ends the
+    names the heap setting, its value, and how to fix it; one caused by an input file deleted
+    under the DataFrame into a DataError naming the file. In local mode such an error ends the
     driver JVM itself (exit code 52), so everything the message needs is read beforehand."""
     key, value = heap_setting(sc)
     tasks, master = tasks_per_heap(sc), sc.master
@@ -81,6 +84,12 @@ def heap_errors(sc: Any, what: str) -> Iterator[None]:
             text = str(exc)
         except Exception:  # noqa: BLE001 - the JVM that held the message is gone
             text = ""
+        gone = next((line.strip() for line in text.splitlines()
+                     if any(m in line for m in FILE_GONE)), None)
+        if gone:
+            raise DataError(f"{what} failed: a file the DataFrame reads is gone ({gone[:300]}); "
+                            "it was deleted or overwritten after the DataFrame was defined: "
+                            "define the DataFrame again (spark.read...) and fit on that") from None
         died = _exit_code(gateway, exc) == OOM_EXIT_CODE
         if "OutOfMemoryError" not in text and not died:
             raise

@@ -15,6 +15,7 @@ from typing import Any, Generator
 
 from sparkddl.data.petastorm_check import MODULES, unavailable_reason  # noqa: F401
 from sparkddl.data.plan import ShardPlan, sub_shard
+from sparkddl.store.store import split_uri
 
 # Petastorm 0.13 drives pyarrow 14 through its deprecated legacy API on every row group,
 # and logs at INFO that plain Parquet has no Petastorm metadata (expected here)
@@ -56,10 +57,15 @@ def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
 def _open_reader(url: str, columns: list[str], pool: "InlinePool", **options: Any) -> Any:
     """A Petastorm batch reader (what ``make_batch_reader`` builds, for plain Parquet) over
     ``pool``, reading one pass of the dataset; its row groups are taken from the pool."""
-    from petastorm.fs_utils import get_filesystem_and_path_or_paths, normalize_dir_url
+    from petastorm.fs_utils import get_filesystem_and_path_or_paths
     from petastorm.reader import Reader
 
-    filesystem, path = get_filesystem_and_path_or_paths(normalize_dir_url(url))
+    # Petastorm would urlparse the whole URL, cutting a folder named 'a#b' at the '#': it
+    # gets the filesystem's root, and the path as the store names it
+    scheme, netloc, path = split_uri(url.rstrip("/"))
+    filesystem, _ = get_filesystem_and_path_or_paths(f"{scheme}://{netloc}/")
+    if scheme not in ("file", "hdfs"):  # fsspec's paths start with the bucket
+        path = netloc + path
     return Reader(filesystem, path, schema_fields=columns, worker_class=_in_order_worker(),
                   reader_pool=pool, num_epochs=1, is_batched_reader=True, **options)
 

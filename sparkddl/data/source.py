@@ -100,7 +100,7 @@ def open_parquet(url: str, spec: DataSpec, listing: Listing | None = None) -> Da
             col = ColumnSpec(col.name, col.role, "list" if width else "scalar", col.dtype,
                              col.shape)
         columns.append(col)
-    _check_footers(fs, groups, tuple(columns))
+    _check_footers(fs, groups, tuple(columns), {n: fields[n][1] for n in in_files}, first.path)
     return Dataset(store.url(), tuple(columns), tuple(g.rows for g in groups), listing=listing)
 
 
@@ -125,17 +125,20 @@ def _footers(fs: Any, groups: list[RowGroup]) -> Any:
         yield path, meta
 
 
-def _check_footers(fs: Any, groups: list[RowGroup], columns: tuple[ColumnSpec, ...]) -> None:
-    """What the footers already tell, before any rank reads: nulls (column statistics), and
+def _check_footers(fs: Any, groups: list[RowGroup], columns: tuple[ColumnSpec, ...],
+                   types: dict[str, str], reference: str) -> None:
+    """What the footers already tell, before any rank reads: every file holds the columns
+    with the ``types`` (Arrow type names) of ``reference``, the file they were read from, no nulls (column statistics), and no
     arrays of another length than the first row group's (value counts), naming the file."""
     by_name = {c.name: c for c in columns}
     nulls: dict[str, int] = {}
     for path, meta in _footers(fs, groups):
+        _check_types(meta.schema.to_arrow_schema(), types, path, reference)
         leaves = [meta.schema.column(i).path for i in range(meta.num_columns)]
         for rg in range(meta.num_row_groups):
             group = meta.row_group(rg)
             for i, leaf in enumerate(leaves):
-                col = by_name.get(leaf.split(".")[0])
+                col = by_name.get(_top_level(leaf, by_name))
                 if col is None:
                     continue
                 chunk = group.column(i)
@@ -161,6 +164,34 @@ def _check_footers(fs: Any, groups: list[RowGroup], columns: tuple[ColumnSpec, .
     if seen:
         what = ", ".join(f"{c!r} ({n} rows)" for c, n in seen.items())
         raise DataError(f"null values in {what}; drop or fill them first")
+
+
+def _top_level(leaf: str, names: Any) -> str:
+    """The column of ``names`` a Parquet leaf path belongs to: itself for a scalar, the
+    longest name it starts with for a list (``x.list.element``); a dotted column name
+    (``a.b``) is one column, not a field of ``a``."""
+    owners = [n for n in names if leaf == n or leaf.startswith(n + ".")]
+    return max(owners, key=len) if owners else ""
+
+
+def _check_types(schema: Any, types: dict[str, str], path: str, first: str) -> None:
+    """Each of ``types``' columns in ``path``'s schema, with the same type: a file whose label
+    is double where the others' is long would be read as the others' type (3.5 as class 3),
+    and one without a column has nothing to read."""
+    for name, expected in types.items():
+        index = schema.get_field_index(name)
+        if index < 0:
+            raise DataError(f"column {name!r} is missing from {path} (its columns: "
+                            f"{', '.join(schema.names)}), while {first} has it; every file of "
+                            "a table needs the same columns: rewrite that file, or leave it out "
+                            "of the table")
+        found = str(schema.field(index).type)
+        if found != expected:
+            raise DataError(f"column {name!r} is {found} in {path} but {expected} in {first}; "
+                            "every file of a table needs one type per column (Spark refuses "
+                            "to read such a table too): rewrite the odd files with the "
+                            f"column cast to one type, e.g. df.withColumn({name!r}, "
+                            f"df[{name!r}].cast(...)).write.parquet(...)")
 
 
 def label_ranges(fs: Any, groups: list[RowGroup], columns: tuple[ColumnSpec, ...]

@@ -2,14 +2,20 @@
 decides; the fit carries the decision out."""
 from __future__ import annotations
 
+import errno
 import logging
 import re
 import time
 from dataclasses import dataclass, field
 
 from sparkddl import checkpoint
-from sparkddl.errors import NonFiniteLossError, RankFailure, TrainingFailedError, TransformError
+from sparkddl.errors import (NonFiniteLossError, RankFailure, StoreError, TrainingFailedError,
+                             TransformError)
 from sparkddl.store import Store
+from sparkddl.store.faults import FIXES
+
+# the errno names a storage fault's StoreError carries
+STORE_FAULTS = tuple(errno.errorcode[code] for code in FIXES)
 
 log = logging.getLogger(__name__)
 
@@ -103,7 +109,7 @@ def will_repeat(exc: TrainingFailedError, num_workers: int) -> bool:
     """Every rank reported the same error before any training step: a configuration or code
     error (a missing function, a device that does not exist), not a fault a relaunch fixes."""
     failures = exc.failures
-    if _non_finite(exc) or _transform_failed(exc):
+    if _non_finite(exc) or _transform_failed(exc) or _store_fault(exc):
         return True
     if len({f.rank for f in failures}) < num_workers:
         return False
@@ -154,6 +160,13 @@ def again_text(exc: TrainingFailedError) -> str:
 
 def _transform_failed(exc: TrainingFailedError) -> bool:
     return any(f.raised(TransformError) for f in exc.failures)
+
+
+def _store_fault(exc: TrainingFailedError) -> bool:
+    """A rank could not write to the store for a reason a relaunch meets again (a full disk,
+    a read-only mount, a missing permission: sparkddl.store.faults)."""
+    return any(f.raised(StoreError) and any(code in f.message for code in STORE_FAULTS)
+               for f in exc.failures)
 
 
 def _non_finite(exc: TrainingFailedError) -> bool:

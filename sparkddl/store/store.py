@@ -20,14 +20,19 @@ else through fsspec's Databricks filesystem (the DBFS REST API, with ``DATABRICK
 from __future__ import annotations
 
 import functools
+import logging
 import os
 import posixpath
+import re
 import uuid
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import unquote, urlparse
 
 from sparkddl.errors import StoreError
+from sparkddl.store import faults
+
+log = logging.getLogger(__name__)
 
 NATIVE = ("file", "hdfs", "s3", "dbfs")  # pyarrow's own filesystems (dbfs: the mount)
 _ALIASES = {"s3a": "s3", "s3n": "s3"}
@@ -104,14 +109,14 @@ class Store:
 
     def fs_path(self, url: str) -> str:
         """Path of ``url`` (from :meth:`url`) inside :meth:`filesystem`."""
-        parsed = urlparse(url)
-        if parsed.scheme == "s3":
-            return parsed.netloc + parsed.path
-        if parsed.scheme == "dbfs":  # the DBFS API takes absolute paths
-            return parsed.path or "/"
-        if parsed.scheme not in ("file", "hdfs"):  # fsspec's own path for its filesystem
+        scheme, netloc, path = split_uri(url)
+        if scheme == "s3":
+            return netloc + path
+        if scheme == "dbfs":  # the DBFS API takes absolute paths
+            return path or "/"
+        if scheme not in ("file", "hdfs"):  # fsspec's own path for its filesystem
             return _fsspec_filesystem(self.root)._strip_protocol(url)
-        return parsed.path
+        return path
 
     def exists(self, url: str) -> bool:
         from pyarrow import fs as pafs
@@ -122,17 +127,26 @@ class Store:
             return f.read()
 
     def write_bytes(self, url: str, data: bytes) -> None:
-        """Write atomically: readers see the old file or the whole new one, never a part."""
+        """Write atomically: readers see the old file or the whole new one, never a part,
+        and a failed write leaves nothing behind. A full disk, a quota, a read-only mount or
+        a missing permission raises a StoreError naming ``url`` and the space left."""
         fs, path = self.filesystem(), self.fs_path(url)
-        fs.create_dir(posixpath.dirname(path), recursive=True)
-        if self.scheme in OBJECT_STORES or self.scheme == "memory":  # one PUT is atomic
-            with fs.open_output_stream(path) as f:
-                f.write(data)
-            return
-        tmp = f"{path}.tmp-{uuid.uuid4().hex[:8]}"
-        with fs.open_output_stream(tmp) as f:
-            f.write(data)
-        fs.move(tmp, path)
+        with faults.explained(url, len(data)):
+            fs.create_dir(posixpath.dirname(path), recursive=True)
+            if self.scheme in OBJECT_STORES or self.scheme == "memory":  # one PUT is atomic
+                with fs.open_output_stream(path) as f:
+                    f.write(data)
+                return
+            tmp = f"{url}.tmp-{uuid.uuid4().hex[:8]}"
+            try:
+                with fs.open_output_stream(self.fs_path(tmp)) as f:
+                    f.write(data)
+                fs.move(self.fs_path(tmp), path)
+            except BaseException:
+                # a part written to a full disk holds the space the next write needs (and
+                # this happens before the error is explained, so it reports the space freed)
+                self.discard(tmp)
+                raise
 
     def delete(self, url: str) -> None:
         from pyarrow import fs as pafs
@@ -142,6 +156,15 @@ class Store:
             fs.delete_dir(path)
         elif info.type == pafs.FileType.File:
             fs.delete_file(path)
+
+    def discard(self, url: str) -> None:
+        """Delete what a failed write left at ``url``; a failure to do so is logged, never
+        raised over the error that made the write fail."""
+        try:
+            self.delete(url)
+        except Exception as exc:  # noqa: BLE001 - e.g. a read-only mount: nothing was written
+            log.warning("could not remove %s, left by a failed write: %s; delete it to free "
+                        "its space", url, exc)
 
     def listdir(self, url: str) -> list[str]:
         """Base names directly under ``url`` (empty if it does not exist)."""
@@ -163,36 +186,53 @@ class Store:
         try:
             self.write_bytes(probe, b"ok")
             self.delete(probe)
+        except StoreError:
+            raise  # a storage fault, already explained with the path and what to do
         except Exception as exc:
             raise StoreError(f"store {self.root} is not writable ({exc}); choose a location "
                              "this user and the executors can write") from exc
+
+
+# scheme, then //authority where there is one, then the path: a store's URIs name paths as
+# they are (never %-encoded), so '?' and '#' are part of the path, not a query or fragment
+_URI = re.compile(r"([A-Za-z][A-Za-z0-9+.-]+):(?://([^/]*))?(.*)", re.S)
+
+
+def split_uri(uri: str) -> tuple[str, str, str]:
+    """(scheme in lower case, authority, path) of a store URI or a plain path (scheme '')."""
+    match = _URI.fullmatch(uri)
+    if match is None:
+        return "", "", uri
+    return match.group(1).lower(), match.group(2) or "", match.group(3)
+
+
+def decode_hadoop_uri(uri: str) -> str:
+    """A file or folder named by Spark (``inputFiles()``, a relation's root paths,
+    ``Path.toUri()``: %-encoded URIs) as a store URI, which names the path as it is: a
+    folder called ``a b`` arrives as ``a%20b``. Decoded here, once, where Spark hands it
+    over."""
+    return unquote(uri)
 
 
 def normalize_uri(uri: str) -> str:
     """Canonical URI of a store root; plain paths become ``file://`` absolute URIs."""
     if not uri:
         raise StoreError("store location is empty; give a path or a URI such as file:///tmp/ddl")
-    odd = sorted({c for c in "#?" if c in uri})
-    if odd:  # a URL would cut the path there and write elsewhere
-        raise StoreError(f"store location {uri!r} contains {' and '.join(map(repr, odd))}, which "
-                         "a URI reads as the start of a fragment or query, so the files would "
-                         "land elsewhere; choose a folder name without them")
-    parsed = urlparse(uri)
-    scheme = _ALIASES.get(parsed.scheme.lower(), parsed.scheme.lower())
+    given, netloc, path = split_uri(uri)
+    scheme = _ALIASES.get(given, given)
     if scheme in ("", "file"):
-        path = parsed.path if scheme == "file" else uri
         return "file://" + os.path.abspath(os.path.expanduser(path)).rstrip("/")
     if scheme not in NATIVE and scheme not in fsspec_schemes():
-        raise StoreError(f"unsupported store URI {uri!r}: scheme {parsed.scheme!r}; use one of "
+        raise StoreError(f"unsupported store URI {uri!r}: scheme {given!r}; use one of "
                          "file:// (or a plain path, /Volumes/... included), hdfs://, s3:// "
                          "(s3a://), dbfs:/, or a scheme fsspec knows (gs://, abfss://, ...)")
     if scheme == "dbfs":  # dbfs:/a, dbfs:///a and dbfs://a all name /a on DBFS
-        path = posixpath.normpath("/" + (parsed.netloc + parsed.path).lstrip("/"))
+        path = posixpath.normpath("/" + (netloc + path).lstrip("/"))
         return "dbfs:" + (path.rstrip("/") or "/")
-    if scheme == "s3" and not parsed.netloc:
+    if scheme == "s3" and not netloc:
         raise StoreError(f"S3 store URI {uri!r} has no bucket; use s3://bucket/prefix")
-    path = posixpath.normpath(parsed.path).rstrip("/") if parsed.path not in ("", "/") else ""
-    return f"{scheme}://{parsed.netloc}{path}"
+    path = posixpath.normpath(path).rstrip("/") if path not in ("", "/") else ""
+    return f"{scheme}://{netloc}{path}"
 
 
 def _join(root: str, *parts: str) -> str:
@@ -203,7 +243,7 @@ def _join(root: str, *parts: str) -> str:
 
 
 def _path_of(uri: str) -> str:
-    return urlparse(uri).path or "/"
+    return split_uri(uri)[2] or "/"
 
 
 def _dbfs_mounted() -> bool:

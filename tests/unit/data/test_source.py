@@ -87,3 +87,27 @@ def test_fingerprint_changes_when_a_data_file_is_rewritten(with_empty_file, tmp_
     val.mkdir()
     _write(val / "part-0.parquet", [10])
     assert fingerprint(validation_url=f"file://{val}") != fingerprint()
+
+
+def test_a_dotted_column_name_is_checked_as_one_column(tmp_path):
+    root = tmp_path / "data"
+    root.mkdir()
+    values = pa.array([1.0, None] * 32, pa.float32())
+    pq.write_table(pa.table({"f.x": values, "y": np.arange(64)}), root / "part-0.parquet")
+    with pytest.raises(DataError, match=r"null values in 'f\.x' \(32 rows\)"):
+        open_parquet(f"file://{root}", DataSpec.of("f.x", "y"))
+
+
+def test_a_file_rewritten_with_float_labels_after_planning_is_refused_by_the_reader(tmp_path):
+    root = tmp_path / "data"
+    root.mkdir()
+    for i in range(2):
+        _write(root / f"part-{i}.parquet", [32], start=32 * i)
+    prepared = prepare_parquet(f"file://{root}", SPEC, num_workers=1, batch_size=8)
+    ids = np.arange(32, 64)  # the same rows, the labels now 0.5 apart: 3.5 must not read as 3
+    pq.write_table(pa.table({"x": ids.astype(np.float32), "y": ids + 0.5}),
+                   root / "part-1.parquet")
+    plan = prepared.train.plan(1, 8, reader="arrow")
+    with pytest.raises(DataError, match=r"column 'y' of .*part-1\.parquet .* is double, where "
+                                        r"the fit was planned for integers"):
+        list(epoch_batches(plan, 0, 0))

@@ -112,3 +112,17 @@ def test_a_ranks_own_report_is_compared_by_its_class_and_place_not_its_text():
     assert RankFailure(0, "TransformError: bad rows",
                        exception="sparkddl.errors.TransformError").raised(TransformError)
     assert RankFailure(0, "TransformError: bad rows").raised(TransformError)  # text only
+
+
+def test_a_rank_that_finds_the_store_full_or_read_only_is_not_relaunched_into_it():
+    full = RankFailure(0, "StoreError: cannot write 4.0 MiB to file:///s/runs/r/checkpoints/"
+                          "ckpt-00003.tmp: ENOSPC (No space left on device)",
+                       traceback="Traceback ...", status={"steps": 40},
+                       exception="sparkddl.errors.StoreError")
+    assert will_repeat(failed(full), 2)
+    assert policy().final_error(0, failed(full)) is not None
+    # a store that could not be reached is another matter: it may come back
+    gone = RankFailure(0, "StoreError: cannot open store s3://b/p: connection reset",
+                       traceback="Traceback ...", status={"steps": 40},
+                       exception="sparkddl.errors.StoreError")
+    assert not will_repeat(failed(gone), 2)

@@ -1,6 +1,7 @@
 """Store URIs and layout; the local filesystem for real."""
 from __future__ import annotations
 
+import os
 import pickle
 
 import pytest
@@ -143,8 +144,21 @@ def test_unwritable_store_is_reported(tmp_path):
         Store.from_uri(blocker / "store").check_writable()
 
 
-@pytest.mark.parametrize("name", ["run#1", "run?x=1"])
-def test_a_store_path_a_uri_would_cut_is_refused_before_anything_is_written(tmp_path, name):
-    with pytest.raises(StoreError, match=r"contains '[#?]'.*choose a folder name without"):
-        Store.from_uri(str(tmp_path / name / "store"))
-    assert list(tmp_path.iterdir()) == []
+@pytest.mark.parametrize("name", ["run#1", "run?x=1", "a b", "100%", "a%20b", "café"])
+def test_a_store_path_is_the_folder_as_named_whatever_its_characters(tmp_path, name):
+    for given in (str(tmp_path / name / "store"), "file://" + str(tmp_path / name / "store")):
+        store = Store.from_uri(given)
+        store.write_bytes(store.run_url("r", "run.json"), b"{}")
+        assert (tmp_path / name / "store" / "runs" / "r" / "run.json").read_bytes() == b"{}"
+        assert store.listdir(store.run_url("r")) == ["run.json"]
+    assert os.listdir(tmp_path) == [name]
+
+
+@pytest.mark.parametrize("name", ["a b", "100%", "a%20b", "run#1", "run?x=1", "café"])
+def test_spark_uris_are_decoded_once(tmp_path, name):
+    from sparkddl.store import decode_hadoop_uri
+    from urllib.parse import quote
+    path = str(tmp_path / name / "part-0.parquet")
+    assert decode_hadoop_uri("file:" + quote(path)) == "file:" + path
+    assert Store.from_uri(decode_hadoop_uri("file:" + quote(path))).fs_path(
+        Store.from_uri(decode_hadoop_uri("file:" + quote(path))).url()) == path
