@@ -4,8 +4,14 @@ stopping), ``on_snapshot(epoch, state_dict)``, ``on_restart(restart)`` (a failed
 before the ranks are relaunched; see sparkddl.launch.restarts.Restart) and
 ``on_fit_end(model)``. A callback may define any subset. One that raises fails the fit with
 its name, except ``on_epoch_end``, ``on_snapshot`` and ``on_restart``, which run while the
-fit goes on: their errors are kept with the fit's evaluation errors and logged, and training
-goes on."""
+fit goes on: their errors (an ``Exception``) are kept with the fit's evaluation errors and
+logged, and training goes on.
+
+What is not an ``Exception`` ends the fit from any hook: a ``KeyboardInterrupt`` is a cancel
+(the ranks are stopped and the fit raises ``JobCancelledError``, naming the callback and the
+checkpoint to resume from, as after Ctrl-C); a ``SystemExit`` or another ``BaseException``
+stops the ranks and is raised again by the fit, with a note naming the callback and hook. No
+later epoch is trained and no restart starts."""
 from __future__ import annotations
 
 import logging
@@ -16,6 +22,17 @@ from sparkddl.errors import ConfigError
 log = logging.getLogger(__name__)
 
 HOOKS = ("on_fit_start", "on_epoch_end", "on_snapshot", "on_restart", "on_fit_end")
+
+
+class CallbackInterrupt(BaseException):
+    """A hook that runs while the ranks train raised what is not an ``Exception``
+    (KeyboardInterrupt, SystemExit): the fit must end. A BaseException itself, so that no
+    ``except Exception`` on its way swallows it; ``hook`` names the callback and hook,
+    ``error`` is what it raised (also the ``__cause__``)."""
+
+    def __init__(self, hook: str, error: BaseException):
+        super().__init__(f"{hook} raised {type(error).__name__}: {error}")
+        self.hook, self.error = hook, error
 
 
 class Callbacks:
@@ -40,20 +57,23 @@ class Callbacks:
             fn = getattr(cb, hook, None)
             if not callable(fn):
                 continue
+            name = f"callback {type(cb).__name__}.{hook}"
             if not guarded:  # the user's own error, as raised, with a note naming the hook
                 try:
                     out.append(fn(*args))
-                except Exception as exc:
-                    exc.add_note(f"(raised by callback {type(cb).__name__}.{hook}, which "
-                                 "sparkddl ran on the driver)")
+                except BaseException as exc:
+                    exc.add_note(f"(raised by {name}, which sparkddl ran on the driver)")
                     raise
                 continue
             try:  # runs while the ranks train: they go on; the fit reports the error
                 out.append(fn(*args))
             except Exception as exc:  # noqa: BLE001
-                log.exception("callback %s.%s failed", type(cb).__name__, hook)
-                self.errors.append(f"callback {type(cb).__name__}.{hook}: "
-                                   f"{type(exc).__name__}: {exc}")
+                log.exception("%s failed", name)
+                self.errors.append(f"{name}: {type(exc).__name__}: {exc}")
+            except BaseException as exc:  # a cancel or an exit: the fit must end, not go on
+                exc.add_note(f"(raised by {name}, which sparkddl ran on the driver while "
+                             "the ranks trained; the fit was stopped)")
+                raise CallbackInterrupt(name, exc) from exc
         return out
 
     def fit_start(self, estimator: Any) -> None:

@@ -1,8 +1,14 @@
 """Driver side of snapshots: evaluate each one as it arrives, keep the history, pick the best,
 and ask the ranks to stop when the chosen metric stops improving. Across restarts, it rewinds
-to what it knew when the checkpoint being resumed from was written."""
+to what it knew when the checkpoint being resumed from was written.
+
+A BaseException that is not an Exception (a callback's KeyboardInterrupt or SystemExit), or
+anything else that ends the evaluator's thread, is fatal: it is kept as :class:`Fatal`, the
+running stage is stopped through ``on_fatal``, and the fit raises it once the ranks are gone.
+Going on would train blind: no evaluation, no callbacks, no early stopping."""
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import queue
@@ -18,12 +24,15 @@ from sparkddl.channel import messages
 from sparkddl.data import Dataset
 from sparkddl.data.local import validation_batches
 from sparkddl.store import Store
-from sparkddl.launch.callbacks import Callbacks
+from sparkddl.launch.callbacks import CallbackInterrupt, Callbacks
 from sparkddl.train.components import build_module
 from sparkddl.train.evaluate import EVAL_BATCH, RANKS_FROM_ROWS, evaluate
 from sparkddl.train.steps import LossFn
 
 log = logging.getLogger(__name__)
+
+# how often drain() checks that the evaluator's thread still runs (a dead one sets nothing)
+DRAIN_POLL_S = 0.2
 
 
 @dataclass
@@ -33,12 +42,21 @@ class Snapshot:
 
 
 @dataclass
+class Fatal:
+    """What ended the fit from one of the driver's threads: ``where`` names it (a callback's
+    hook, or the evaluator's own work), ``error`` is what was raised, with its traceback."""
+    where: str
+    error: BaseException
+
+
+@dataclass
 class EvaluationResult:
     history: list[dict[str, Any]]
     best: Snapshot | None
     last: Snapshot | None
     stop_requested_at: int | None = None
     errors: list[str] = field(default_factory=list)
+    fatal: Fatal | None = None
 
 
 @dataclass
@@ -75,6 +93,7 @@ class SnapshotEvaluator:
     the driver knows at that point next to it. Weights are always loaded with
     ``torch.load(weights_only=True)``. The validation split is streamed from its Parquet in
     batches of ``EVAL_BATCH`` rows for every snapshot: the driver never holds all of it.
+    ``on_fatal`` stops the running stage once ``fatal`` is set (see :meth:`abort`).
     """
 
     def __init__(self, model_factory: Callable[[], Any], step: LossFn,
@@ -82,7 +101,8 @@ class SnapshotEvaluator:
                  best_by: str, mode: str, patience: int, store: Store, run_id: str,
                  callbacks: Callbacks | None = None, snapshot_every: int = 1,
                  epochs: int = 0, transform: Any = None, transform_shapes: Any = (),
-                 remote: Callable[[dict[str, Any], int], dict[str, float]] | None = None):
+                 remote: Callable[[dict[str, Any], int], dict[str, float]] | None = None,
+                 on_fatal: Callable[[], None] = lambda: None):
         self.module = build_module(model_factory)
         self.remote = remote  # evaluation="cluster": a Spark job evaluates each snapshot
         self.step, self.metrics = step, metrics
@@ -97,6 +117,8 @@ class SnapshotEvaluator:
         self._last: Snapshot | None = None
         self._stop_at: int | None = None
         self._errors: list[str] = []
+        self.on_fatal = on_fatal
+        self.fatal: Fatal | None = None  # set once; the thread has ended or is ending
         # driver state last saved for this many epochs done: step checkpoints within an
         # epoch would save the same rows and best weights again
         self._saved_epochs: int | None = None
@@ -116,17 +138,51 @@ class SnapshotEvaluator:
 
     def submit(self, snapshot: messages.Snapshot, payload: bytes,
                reply: Callable[[dict[str, Any]], None]) -> None:
-        self._queue.put(_Submitted(snapshot, payload, reply))
+        if self.fatal is None:  # else nobody would take it: do not hold its bytes
+            self._queue.put(_Submitted(snapshot, payload, reply))
 
     def checkpointed(self, epochs_done: int) -> None:
         self._queue.put(_Checkpointed(epochs_done))
 
     # ---- called by the fit between attempts ----
     def drain(self) -> None:
-        """Wait until everything submitted so far has been handled."""
+        """Wait until everything submitted so far has been handled, or the thread ended
+        (``fatal`` says why): a dead thread would never set the event."""
         done = threading.Event()
         self._queue.put(done)  # set once everything before it was handled
-        done.wait()
+        while not done.wait(DRAIN_POLL_S):
+            if not self._thread.is_alive():
+                return
+
+    def restarted(self, restart: Any) -> None:
+        """The callbacks' on_restart (on the fit's thread, between attempts); a
+        KeyboardInterrupt or SystemExit from it is fatal, as from any hook."""
+        try:
+            self.callbacks.restart(restart)
+        except CallbackInterrupt as exc:
+            self.abort(exc.hook, exc.error)
+
+    def abort(self, where: str, error: BaseException,
+              reply: Callable[[dict[str, Any]], None] | None = None) -> None:
+        """End the fit: ``error`` was raised in ``where`` on one of the driver's threads and
+        must not be lost. The first one counts; the running stage is stopped (``on_fatal``)
+        and the fit raises it once the ranks have ended. ``reply`` (to a rank of the running
+        stage) also asks the ranks to stop at the end of their epoch: Spark's cancel kills
+        their Python workers only after spark.python.task.killTimeout, while they train on."""
+        with self._lock:
+            if self.fatal is not None:
+                return
+            self.fatal = Fatal(where, error)
+        log.error("%s raised %s: stopping the fit", where, type(error).__name__,
+                  exc_info=(type(error), error, error.__traceback__))
+        # the ranks ignore a Stop's epoch: they stop after the one they are in
+        stops = ([functools.partial(reply, messages.Stop(0).header())] if reply else []) + \
+            [self.on_fatal]
+        for stop in stops:
+            try:
+                stop()
+            except Exception:  # noqa: BLE001 - the fit still raises the fatal error
+                log.exception("could not stop the running stage after %s", where)
 
     def rewind(self, epochs_done: int) -> None:
         """Forget epochs after ``epochs_done``: a resumed attempt trains them again."""
@@ -154,28 +210,36 @@ class SnapshotEvaluator:
         with self._lock:
             history = [self.rows[e] for e in sorted(self.rows)]
         return EvaluationResult(history, self._best.snap, self._last, self._stop_at,
-                                self._errors + self.callbacks.errors)
+                                self._errors + self.callbacks.errors, self.fatal)
 
     # ---- the evaluator thread ----
     def _loop(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            try:
-                if isinstance(item, _Submitted):
-                    self._handle(item.snapshot, item.payload, item.reply)
-                elif isinstance(item, _RowDone):
-                    self._epoch_done(item.epoch, item.reply)
-                elif isinstance(item, _Checkpointed):
-                    if item.epochs_done != self._saved_epochs:
-                        self._save_state(item.epochs_done)
-                        self._saved_epochs = item.epochs_done
-                else:
-                    item.set()
-            except Exception as exc:  # a bad snapshot must not kill the fit's bookkeeping
-                log.exception("handling a %s on the driver failed", type(item).__name__)
-                self._errors.append(f"{type(exc).__name__}: {exc}")
+        item: Any = None
+        try:
+            # after a fatal error raised elsewhere (abort), nothing more is handled
+            while (item := self._queue.get()) is not None and self.fatal is None:
+                self._item(item)
+        except CallbackInterrupt as exc:  # a KeyboardInterrupt (a cancel) or SystemExit
+            self.abort(exc.hook, exc.error, getattr(item, "reply", None))
+        except BaseException as exc:  # noqa: BLE001 - nothing may end this thread unseen
+            self.abort(f"sparkddl's evaluator thread (handling {_describe(item)})", exc,
+                       getattr(item, "reply", None))
+
+    def _item(self, item: Any) -> None:
+        try:
+            if isinstance(item, _Submitted):
+                self._handle(item.snapshot, item.payload, item.reply)
+            elif isinstance(item, _RowDone):
+                self._epoch_done(item.epoch, item.reply)
+            elif isinstance(item, _Checkpointed):
+                if item.epochs_done != self._saved_epochs:
+                    self._save_state(item.epochs_done)
+                    self._saved_epochs = item.epochs_done
+            else:
+                item.set()
+        except Exception as exc:  # a bad snapshot must not kill the fit's bookkeeping
+            log.exception("handling a %s on the driver failed", type(item).__name__)
+            self._errors.append(f"{type(exc).__name__}: {exc}")
 
     def _save_state(self, epochs_done: int) -> None:
         with self._lock:
@@ -242,6 +306,16 @@ class SnapshotEvaluator:
         return evaluate(self.module, self.step, self.metrics,
                         validation_batches(self.val, self.transform, self.transform_shapes,
                                            "the driver", size=EVAL_BATCH))
+
+
+def _describe(item: Any) -> str:
+    if isinstance(item, _Submitted):
+        return f"the snapshot of epoch {item.snapshot.epoch}"
+    if isinstance(item, _RowDone):
+        return f"the end of epoch {item.epoch}"
+    if isinstance(item, _Checkpointed):
+        return f"the checkpoint after epoch {item.epochs_done}"
+    return "its queue"
 
 
 def evaluation_mode(config: Any, val: Dataset | None) -> str:

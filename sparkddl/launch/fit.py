@@ -4,11 +4,13 @@ chosen weights with the history."""
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import logging
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from sparkddl import checkpoint, strategies
 from sparkddl.channel import messages as m
@@ -17,7 +19,7 @@ from sparkddl.config import TrainConfig
 from sparkddl.data import PreparedData
 from sparkddl.data.plan import reader_modules
 from sparkddl.errors import CheckpointError, ConfigError, JobCancelledError, TrainingFailedError
-from sparkddl.launch import preflight
+from sparkddl.launch import preflight, runlock
 from sparkddl.launch.bounded import bounded_jobs
 from sparkddl.launch.callbacks import Callbacks
 from sparkddl.launch.checks import ProblemInfo
@@ -25,7 +27,7 @@ from sparkddl.launch.cluster_eval import ClusterEvaluator, check_free_slots, clu
 from sparkddl.launch.jobs import CallerScope, new_tag
 from sparkddl.session import cluster_context
 from sparkddl.launch.elastic import check_elastic, resized
-from sparkddl.launch.evaluation import (EvaluationResult, SnapshotEvaluator,
+from sparkddl.launch.evaluation import (EvaluationResult, Fatal, SnapshotEvaluator,
                                         evaluation_mode)
 from sparkddl.launch.inputs import check_best_by_early, fit_inputs, shard_plan
 from sparkddl.launch.launcher import launch_ranks, new_run_id
@@ -59,8 +61,15 @@ class _Dispatch:
 
         def fenced(handler: Any) -> Any:
             def handle(msg: Message, body: Any) -> None:
-                if self.attempt == attempt:
+                if self.attempt != attempt:
+                    return
+                try:
                     handler(msg, body)
+                except Exception:  # the channel logs it and goes on reading
+                    raise
+                except BaseException as exc:  # would end the thread that reads this rank
+                    self.evaluator.abort(f"the driver's handler of {type(body).__name__} "
+                                         f"messages from rank {msg.rank}", exc, msg.reply)
             return handle
 
         return {kind: fenced(h) for kind, h in (
@@ -74,6 +83,8 @@ class _Dispatch:
         self.progress.update(body.epoch, body.step, body.loss)
 
     def _heartbeat(self, msg: Message, body: m.Heartbeat) -> None:
+        if self.evaluator.fatal is not None:  # a stage submitted just after the fatal
+            self.evaluator.on_fatal()  # error's cancel (which only reaches running jobs)
         if msg.rank == 0:
             self.steps = int(body.steps)
 
@@ -126,10 +137,20 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
     # unknown names and options; what the installed torch cannot run on these devices
     strategies.create(config.strategy, config.strategy_options).check_device(
         "cuda" if config.use_gpu else "cpu")
+    if not config.run_id:  # a new run id: no other fit can hold it
+        return _fit(spark, df, model, optimizer, loss, config, callbacks, new_run_id(), started)
+    with runlock.holding(Store.from_uri(config.store), config.run_id):
+        return _fit(spark, df, model, optimizer, loss, config, callbacks, config.run_id,
+                    started)
+
+
+def _fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: TrainConfig,
+         callbacks: Callbacks | None, run_id: str, started: float) -> FitResult:
+    """The fit of run ``run_id``, once the driver's checks have passed."""
+    sc = cluster_context(spark)
     with bounded_jobs(sc, config.timeout_s, "while preparing the data"):
         inputs = fit_inputs(df, model, optimizer, loss, config)
     store, data = inputs.store, inputs.data
-    run_id = config.run_id or new_run_id()
     plan = shard_plan(data, config, config.num_workers, inputs.transform_shapes)
     _record_run(store, run_id, data, config, plan.steps_per_epoch)
     mode = evaluation_mode(config, data.val)
@@ -161,12 +182,14 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
         return shard_plan(data, resized, resized.num_workers, inputs.transform_shapes)
 
     try:
-        summary, restarts = _attempts(sc, spec, config, store, evaluator, progress, policy,
-                                      replan)
+        with _stoppable(sc, run_id, evaluator):
+            summary, restarts = _attempts(sc, spec, config, store, evaluator, progress,
+                                          policy, replan)
     finally:
         progress.close()
         evaluated = evaluator.close()
         _write_history(store, run_id, evaluated.history)
+    _end_if_fatal(evaluated.fatal, store, run_id)  # it came after the ranks' last message
     if evaluated.errors:
         log.warning("fit %s: %d snapshot(s) could not be evaluated on the driver: %s", run_id,
                     len(evaluated.errors), "; ".join(evaluated.errors))
@@ -201,6 +224,7 @@ def _attempts(sc: Any, base: TrainSpec, config: TrainConfig, store: Store,
     hook = _Dispatch(evaluator, progress)
     attempt, spec, resized_from = 0, base, None
     while True:
+        _end_if_fatal(evaluator.fatal, store, spec.run_id)  # no attempt starts after it
         # a checkpoint inside an epoch belongs to the old world's shards
         ref = checkpoint.latest_good(store, spec.run_id, epoch_end=resized_from is not None)
         if ref is not None or attempt > 0:  # forget what a failed attempt did after it
@@ -222,6 +246,7 @@ def _attempts(sc: Any, base: TrainSpec, config: TrainConfig, store: Store,
                 use_gpu=config.use_gpu,
                 timeout_s=policy.remaining(), attempt=attempt, handlers=hook.handlers(attempt),
                 watchdog_s=config.watchdog_s, warm_imports=reader_modules(spec.plan),
+                slot_wait_s=_slot_wait(config, policy),
                 description=f"sparkddl fit {spec.run_id} attempt {attempt}")
             if not summary.get("regrow"):
                 return summary, restarts
@@ -232,9 +257,11 @@ def _attempts(sc: Any, base: TrainSpec, config: TrainConfig, store: Store,
             resized_from, spec = spec.config.num_workers, base
         except JobCancelledError as exc:
             hook.attempt = -1  # nothing the cancelled ranks still send counts
+            _end_if_fatal(evaluator.fatal, store, spec.run_id)  # it cancelled the stage
             raise JobCancelledError(f"{exc} {_resume_hint(store, spec.run_id)}") from exc
         except TrainingFailedError as exc:
             hook.attempt = -1
+            _end_if_fatal(evaluator.fatal, store, spec.run_id)  # its cancel broke the ranks
             final = policy.final_error(attempt, exc)
             if final is not None:
                 raise final from exc
@@ -245,9 +272,47 @@ def _attempts(sc: Any, base: TrainSpec, config: TrainConfig, store: Store,
             restarts.append(record_restart(attempt, exc, store, spec.run_id,
                                            spec.plan.steps_per_epoch, hook.steps, world,
                                            epoch_end=resized_from is not None))
-            evaluator.callbacks.restart(restarts[-1])
+            evaluator.restarted(restarts[-1])
             hook.pending = restarts[-1]
         attempt += 1
+
+
+@contextmanager
+def _stoppable(sc: Any, run_id: str, evaluator: SnapshotEvaluator) -> Iterator[None]:
+    """The fit's barrier stages carry a job tag of the fit's own (a stage's thread takes the
+    tags of the thread that launches it), so that a fatal error on a driver thread
+    (``evaluator.abort``) cancels the running stage exactly as a user's cancel does."""
+    tag = new_tag(run_id)
+    sc.addJobTag(tag)
+    evaluator.on_fatal = functools.partial(sc.cancelJobsWithTag, tag)
+    try:
+        yield
+    finally:
+        sc.removeJobTag(tag)
+
+
+def _end_if_fatal(fatal: Fatal | None, store: Store, run_id: str) -> None:
+    """Raise what ends the fit after a fatal error on a driver thread (the ranks have ended):
+    a KeyboardInterrupt is a cancel, as Ctrl-C is (JobCancelledError, with the checkpoint to
+    resume from); anything else (SystemExit, ...) is raised again, with a note saying where
+    it came from."""
+    if fatal is None:
+        return
+    hint = _resume_hint(store, run_id)
+    if isinstance(fatal.error, KeyboardInterrupt):
+        raise JobCancelledError(f"fit {run_id} was cancelled: {fatal.where} raised "
+                                "KeyboardInterrupt, which sparkddl takes as a cancel; the "
+                                f"ranks were stopped and have ended. {hint}") from fatal.error
+    fatal.error.add_note(f"fit {run_id} was stopped because {fatal.where} raised this; the "
+                         f"ranks were stopped and have ended. {hint}")
+    fatal.error.__suppress_context__ = True  # the cancel of the stage it caused is no news
+    raise fatal.error
+
+
+def _slot_wait(config: TrainConfig, policy: RestartPolicy) -> float:
+    """How long a launch may wait for its task slots: slotWaitTimeout, within timeout."""
+    remaining = policy.remaining()
+    return config.slot_wait_s if remaining is None else min(remaining, config.slot_wait_s)
 
 
 def _world_after(sc: Any, exc: TrainingFailedError, config: TrainConfig,
@@ -255,11 +320,9 @@ def _world_after(sc: Any, exc: TrainingFailedError, config: TrainConfig,
     """The next attempt's ranks: lost executors handed back to Spark, then a bounded wait for
     the slots (minWorkers decides whether fewer will do)."""
     forget_lost_executors(sc, exc.failures)
-    remaining = policy.remaining()
     return world_after_failure(
         sc, config.num_workers, config.min_workers or config.num_workers,
-        config.slot_wait_s if remaining is None else min(remaining, config.slot_wait_s),
-        config.use_gpu, exc.failures)
+        _slot_wait(config, policy), config.use_gpu, exc.failures)
 
 
 def _grow_check(sc: Any, config: TrainConfig) -> Callable[[int], bool]:

@@ -10,7 +10,7 @@ import weakref
 from typing import Any, Callable
 
 from sparkddl.channel.server import DriverChannel, Message
-from sparkddl.errors import JobCancelledError, TrainingFailedError
+from sparkddl.errors import ClusterError, JobCancelledError, TrainingFailedError
 from sparkddl.launch.jobs import CallerScope, is_cancellation, new_tag
 from sparkddl.launch.monitor import HEARTBEAT_LOST_S, Handlers, StageMonitor, ordered_failures
 from sparkddl.session import cluster_context
@@ -41,6 +41,8 @@ SpecFactory = Callable[[DriverChannel], TaskSpec]
 OPEN_CHANNELS: "weakref.WeakSet[DriverChannel]" = weakref.WeakSet()
 # how often the driver checks the watchdog
 WATCHDOG_POLL_S = 0.5
+# how often a stage whose ranks have not all started says that it waits for task slots
+SLOT_NOTICE_S = 15.0
 
 
 class _Job(threading.Thread):
@@ -78,13 +80,16 @@ class _Job(threading.Thread):
 
 def run_stage(sc: Any, make_spec: SpecFactory, timeout_s: float | None = None,
               handlers: Handlers | None = None, description: str = "sparkddl",
-              watchdog_s: float | str | None = None, profile: Any = None) -> list[bytes]:
+              watchdog_s: float | str | None = None, profile: Any = None,
+              slot_wait_s: float | None = None) -> list[bytes]:
     """Run one barrier stage and return what its tasks yielded.
 
     Raises TrainingFailedError as soon as a rank reports a failure (after a short grace for
     the other ranks' reports), when Spark fails the stage, when ``timeout_s`` passes, or,
     with ``watchdog_s``, when a rank's heartbeats stop showing progress for that long; the
-    stage is cancelled first so no rank is left blocked in a collective.
+    stage is cancelled first so no rank is left blocked in a collective. While its ranks
+    have not all started, the wait for task slots is logged, and a ClusterError past
+    ``slot_wait_s``.
     """
     monitor = StageMonitor(handlers)
     sc = cluster_context(sc)
@@ -99,24 +104,69 @@ def run_stage(sc: Any, make_spec: SpecFactory, timeout_s: float | None = None,
             if why:
                 _say_offline(sc, why)
                 spec, watchdog_s = dataclasses.replace(spec, offline=True), None
-            return _run(sc, spec, monitor, timeout_s, watchdog_s, description, profile)
+            return _run(sc, spec, monitor, timeout_s, watchdog_s, description, profile,
+                        slot_wait_s)
         finally:
             OPEN_CHANNELS.discard(channel)
 
 
+class _Starting:
+    """A barrier stage waits, silently in Spark, until every one of its tasks has a slot at
+    once: said every ``SLOT_NOTICE_S``; past ``limit_s`` (slotWaitTimeout), a ClusterError.
+    Tasks with a slot are counted by Spark's status tracker, or, where the client has none
+    (Connect), as the ranks that said hello (which also counts their start-up)."""
+
+    def __init__(self, sc: Any, tag: str, monitor: StageMonitor, spec: TaskSpec,
+                 started: float, limit_s: float | None):
+        self.sc, self.tag, self.monitor, self.spec = sc, tag, monitor, spec
+        self.started, self.limit_s = started, limit_s
+        self.next_notice = started + SLOT_NOTICE_S
+        self.done = False
+
+    def check(self, now: float) -> None:
+        if self.done:
+            return
+        running = self.sc.running_tasks(self.tag)  # None: not listed yet, or Connect
+        started = len(self.monitor.connected) if running is None else running
+        if started >= self.spec.num_workers or len(self.monitor.connected) >= \
+                self.spec.num_workers:
+            self.done = True
+            return
+        waited, world = now - self.started, self.spec.num_workers
+        what = (f"{started} of {world} tasks of run {self.spec.run_id}'s barrier stage "
+                f"have a slot after {waited:.0f}s: the stage starts once {world} task slots "
+                "are free at once")
+        if self.limit_s is not None and waited >= self.limit_s:
+            raise ClusterError(f"{what}, and they were not within slotWaitTimeout="
+                               f"{self.limit_s:g}s; other jobs of this application hold the "
+                               "slots, or the cluster has fewer than numWorkers; wait for them "
+                               "to end, add executors, lower numWorkers, or raise "
+                               "slotWaitTimeout")
+        if now >= self.next_notice:
+            self.next_notice = now + SLOT_NOTICE_S
+            log.info("%s (other jobs hold them?); waiting%s", what,
+                     f" up to {self.limit_s:g}s (slotWaitTimeout)" if self.limit_s else "")
+
+
 def _run(sc: Any, spec: TaskSpec, monitor: StageMonitor, timeout_s: float | None,
-         watchdog_s: float | str | None, description: str, profile: Any = None) -> list[bytes]:
+         watchdog_s: float | str | None, description: str, profile: Any = None,
+         slot_wait_s: float | None = None) -> list[bytes]:
     job = _Job(sc, spec, new_tag(spec.run_id), description, monitor.wake, profile)
     started = time.monotonic()
     job.start()
     try:
         reason = _wait(job, monitor, timeout_s, started, watchdog_s, spec.num_workers,
-                       online=not spec.offline)
+                       online=not spec.offline,
+                       starting=_Starting(sc, job.tag, monitor, spec, started,
+                                          slot_wait_s))
     except KeyboardInterrupt as exc:  # a notebook's stop button, Ctrl-C
         _stop(sc, job, monitor, spec)
         raise JobCancelledError(f"run {spec.run_id} was interrupted (KeyboardInterrupt); "
                                 "its barrier stage was cancelled and every rank has "
                                 "ended") from exc
+    except ClusterError:  # no slots: nothing ran, and a relaunch would wait the same
+        _stop(sc, job, monitor, spec)
+        raise
     decided = time.monotonic()  # connections that close after this were closed by the cancel
     ours = not job.finished.is_set()
     if ours:  # a rank failed or time ran out: stop everyone still running
@@ -187,14 +237,18 @@ def _log_finished(spec: TaskSpec, started: float) -> None:
 
 
 def _wait(job: _Job, monitor: StageMonitor, timeout_s: float | None, started: float,
-          watchdog_s: float | str | None, world: int, online: bool = True) -> str:
+          watchdog_s: float | str | None, world: int, online: bool = True,
+          starting: _Starting | None = None) -> str:
     """Block until the job ends, a rank fails or is lost, the timeout passes or the watchdog
-    fires; '' if the job ended."""
+    fires; '' if the job ended. ``starting`` (online only) says, and bounds, the wait for
+    the ranks to start."""
     while True:
         remaining = None if timeout_s is None else timeout_s - (time.monotonic() - started)
         if remaining is not None and remaining <= 0:
             return f"timed out after {timeout_s:g}s"
         if online:  # heartbeats come over the channel
+            if starting is not None:
+                starting.check(time.monotonic())
             remaining = WATCHDOG_POLL_S if remaining is None else min(remaining, WATCHDOG_POLL_S)
             monitor.lost_ranks = monitor.lost()
             if monitor.lost_ranks:

@@ -139,8 +139,7 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
             inputs.append(col.alias(name))
         # a broadcast; on Spark Connect, which has none, the weights travel inside the UDF
         payload = cluster_context(dataset.sparkSession).ship(self._payload())
-        shapes = {} if self._transform_fn is not None else \
-            {k: list(v) for k, v in self.getOrDefault(self.featureShapes).items()}
+        shapes = {} if self._transform_fn is not None else self._feature_shapes(features)
         fn = udf_function(payload, features, self.task,
                           self.getOrDefault(self.inferenceBatchSize), shapes,
                           self.getOrDefault(self.inferenceDevice), self.trained_on_gpu)
@@ -154,6 +153,14 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
             out = out.withColumn(self.getOrDefault(self.rawPredictionCol),
                                  array_to_vector(F.col(f"{tmp}.raw")))
         return out.drop(tmp)
+
+    def _feature_shapes(self, features: list[str]) -> dict[str, list[int]]:
+        """Each feature's per-row shape: declared (featureShapes), else as trained, so that
+        a column of another width is named with the column (not torch's shape error)."""
+        declared = {k: list(v) for k, v in self.getOrDefault(self.featureShapes).items()}
+        trained = {name: list(self._input_columns.get(name, {}).get("shape") or [])
+                   for name in features}
+        return {**{k: v for k, v in trained.items() if v}, **declared}
 
     def _output_schema(self) -> str:
         if Problem(self.task).is_classifier:

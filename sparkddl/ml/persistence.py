@@ -15,8 +15,13 @@ from sparkddl.checkpoint.safe import load_plain
 from sparkddl.errors import SparkDDLError, StoreError, UntrustedArtifactError
 from sparkddl.ml import architecture
 from sparkddl.session import cluster_context
-from sparkddl.store import Store
+from sparkddl.store import Store, decode_hadoop_uri
 from sparkddl.train.components import model_factory
+
+
+# what ModelReader.load reads from the metadata without a default
+REQUIRED = ("uid", "paramMap", "architecture", "task", "output_width", "run_id",
+            "chosen_epoch", "best_by", "epochs_done", "stopped_early")
 
 
 def _metadata(path: str, spark: Any) -> dict[str, Any]:
@@ -30,11 +35,17 @@ def _metadata(path: str, spark: Any) -> dict[str, Any]:
                          "Give the path passed to model.save() / model.write().save(), as "
                          "this driver sees it")
     try:
-        return DefaultParamsReader.loadMetadata(path, spark)
+        meta = DefaultParamsReader.loadMetadata(path, spark)
     except Exception as exc:  # noqa: BLE001 - JSONDecodeError, Hadoop's ChecksumException, ...
         raise StoreError(f"cannot load a TorchModel from {path}: its metadata/ cannot be read "
                          f"as the JSON model.save() writes ({_cause(exc)}); save the model "
                          "again") from None
+    missing = [k for k in REQUIRED if k not in meta]
+    if missing:
+        raise StoreError(f"cannot load a TorchModel from {path}: its metadata lacks "
+                         f"{', '.join(missing)}, which model.save() writes; it was edited or "
+                         "written by something else: save the model again")
+    return meta
 
 
 def _cause(exc: BaseException) -> str:
@@ -64,7 +75,7 @@ def _qualified(spark: Any, path: str) -> Store:
     jvm = spark.sparkContext._jvm
     jpath = jvm.org.apache.hadoop.fs.Path(path)
     fs = jpath.getFileSystem(spark.sparkContext._jsc.hadoopConfiguration())
-    return Store.from_uri(str(fs.makeQualified(jpath).toUri().toString()))
+    return Store.from_uri(decode_hadoop_uri(str(fs.makeQualified(jpath).toUri().toString())))
 
 
 class ModelWriter(MLWriter):
@@ -174,7 +185,6 @@ class ModelReader(MLReader):
         except ValueError as exc:
             raise StoreError(f"the saved model at {path}: history.json is not JSON ({exc}); "
                              "save the model again") from None
-        for key in ("task", "output_width", "run_id", "chosen_epoch", "best_by", "epochs_done",
-                    "stopped_early"):
+        for key in REQUIRED[3:]:
             setattr(m, key, meta[key])
         return m

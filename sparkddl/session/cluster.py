@@ -62,6 +62,21 @@ class ClassicContext:
     def named_slots(self) -> int | None:
         return master_slots(self.sc.master)
 
+    def running_tasks(self, tag: str) -> int | None:
+        """Tasks of the jobs tagged ``tag`` that run now (have a slot), from Spark's status
+        tracker; None before Spark lists the job."""
+        tracker = self.sc._jsc.sc().statusTracker()
+        running = None
+        for job in tracker.getJobIdsForTag(tag):
+            info = tracker.getJobInfo(job)
+            if info.isEmpty():
+                continue
+            for stage in info.get().stageIds():
+                stage_info = tracker.getStageInfo(stage)
+                if not stage_info.isEmpty():
+                    running = (running or 0) + int(stage_info.get().numActiveTasks())
+        return running
+
     def replace_executor(self, executor: str) -> bool:
         return bool(self.sc._jsc.sc().killAndReplaceExecutor(executor))
 

@@ -60,6 +60,9 @@ class ConnectContext:
     def task_slots(self, profile: Any = None) -> int | None:
         return None  # the client cannot count them: Spark waits for them itself
 
+    def running_tasks(self, tag: str) -> int | None:
+        return None  # no status tracker here: the ranks' hellos tell instead
+
     def named_slots(self) -> int | None:
         return master_slots(self.master)
 

@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import ctypes
 import faulthandler
+import json
 import os
 import posix
 import shutil
 import signal
+import subprocess
 import sys
 import time
 
@@ -19,9 +21,10 @@ import pytest
 import torch
 
 import sparkddl
-from sparkddl import (CheckpointError, ConfigError, DataError, SparkDDLError, StoreError,
-                      TorchEstimator, TorchModel, TrainingFailedError, UntrustedArtifactError,
-                      checkpoint)
+import sparkddl.data
+from sparkddl import (CheckpointError, ClusterError, ConfigError, DataError, SparkDDLError,
+                      StoreError, TorchEstimator, TorchModel, TrainingFailedError,
+                      UntrustedArtifactError, checkpoint)
 from sparkddl.store import Store
 from tests.conftest import LOCAL, spark_session
 from tests.integration.digits import digits_df, mlp
@@ -142,6 +145,17 @@ def _metadata_not_json(folder) -> None:
     next((folder / "metadata").glob("part-*")).write_text("{oops")
 
 
+def _metadata_without(key: str):
+    def damage(folder) -> None:
+        for crc in (folder / "metadata").glob(".*.crc"):
+            crc.unlink()
+        part = next((folder / "metadata").glob("part-*"))
+        meta = json.loads(part.read_text())
+        del meta[key]
+        part.write_text(json.dumps(meta))
+    return damage
+
+
 SAVED_DAMAGE = {
     "weights.pt deleted": (lambda d: (d / "weights.pt").unlink(),
                            StoreError, r"lacks weights\.pt"),
@@ -162,6 +176,8 @@ SAVED_DAMAGE = {
                         StoreError, r"its metadata/ cannot be read.*Checksum error"),
     "metadata not JSON": (_metadata_not_json, StoreError,
                           r"its metadata/ cannot be read.*JSONDecodeError"),
+    "metadata without a field": (_metadata_without("run_id"), StoreError,
+                                 r"its metadata lacks run_id, which model\.save\(\) writes"),
 }
 
 
@@ -191,8 +207,8 @@ def test_transform_input_problems_are_named(saved_digits_model, spark_local):
     with pytest.raises(Exception, match=r"feature column 'features' has \d+ null row"):
         model.transform(nulls).select("prediction").collect()
     short = df.selectExpr("slice(features, 1, 32) AS features")
-    with pytest.raises(Exception, match=r"Expected input at .*64, but got 32|"
-                                        r"has 32 value\(s\) per row; the model takes 64"):
+    with pytest.raises(Exception, match=r"feature column 'features' has 32 value\(s\) per row; "
+                                        r"the model takes 64"):
         model.transform(short).select("prediction").collect()
     # the session's Python workers still predict
     assert model.transform(df.limit(5)).select("prediction").count() == 5
@@ -248,3 +264,91 @@ def check_named(spark, how: str, said: str) -> None:
     states = spark.sparkContext.parallelize(range(4), 2).map(worker_state).collect()
     assert states == [(True, False)] * 4
     assert sparkddl.run(sum, [1, 2], num_workers=2, spark=spark) == 3
+
+
+# ---- stores that fill up, slots that are busy, one run id fitted twice ----
+
+@pytest.mark.timeout(240)
+def test_a_store_that_fills_up_during_materialization_names_the_file_and_keeps_nothing(
+        spark_local, tmp_path):
+    from tests.unit.store.tmpfs import free, small_filesystem
+    rng = np.random.default_rng(0)
+    rows = [(rng.random(256).astype(float).tolist(), int(i % 10)) for i in range(4000)]
+    df = spark_local.createDataFrame(rows, "features array<double>, label long")  # ~8 MB
+    with small_filesystem(tmp_path, "2m") as mnt:
+        empty = free(mnt)
+        with pytest.raises(StoreError, match=r"cannot write .*part-.*\.parquet: ENOSPC .* free "
+                                             r"of .*point the `store` option"):
+            sparkddl.data.prepare(df, sparkddl.data.DataSpec.of("features", "label"),
+                                  num_workers=2, batch_size=32, store=str(mnt / "store"))
+        data = mnt / "store" / "data"
+        left = [p for p in data.rglob("*") if p.is_file()] if data.exists() else []
+        assert left == [] and free(mnt) >= empty - (64 << 10)  # no parts, no meta.json
+        subprocess.run(["mount", "-o", "remount,size=64m", str(mnt)], check=True)
+        again = sparkddl.data.prepare(df, sparkddl.data.DataSpec.of("features", "label"),
+                                      num_workers=2, batch_size=32, store=str(mnt / "store"))
+        assert not again.cache_hit and again.train.rows == 4000
+
+
+def hold_slots(spark, group: str, seconds: float) -> None:
+    spark.sparkContext.setJobGroup(group, "holds every slot", interruptOnCancel=True)
+    try:
+        spark.sparkContext.parallelize(range(2), 2).foreach(lambda _: time.sleep(seconds))
+    except Exception:  # noqa: BLE001 - cancelled below
+        pass
+
+
+@pytest.mark.timeout(120)
+def test_a_fit_waiting_for_busy_slots_says_so_and_ends_at_slot_wait_timeout(spark_local,
+                                                                            tmp_path, caplog,
+                                                                            monkeypatch):
+    import logging
+    import threading
+    monkeypatch.setattr("sparkddl.launch.stage.SLOT_NOTICE_S", 1.0)
+    table = str(tmp_path / "digits")
+    digits_df(spark_local).write.parquet(table)
+    df = spark_local.read.parquet(table)  # read in place: no Spark job before the stage
+    holder = threading.Thread(target=hold_slots, args=(spark_local, "busy-slots", 90))
+    holder.start()
+    try:
+        deadline = time.monotonic() + 30
+        tracker = spark_local.sparkContext.statusTracker()
+        while not tracker.getActiveStageIds() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        started = time.monotonic()
+        with caplog.at_level(logging.INFO, logger="sparkddl"):
+            with pytest.raises(ClusterError, match=r"0 of 2 tasks of run .* have a slot after "
+                                                   r"\d+s.*slotWaitTimeout=4s"):
+                estimator(tmp_path, slotWaitTimeout=4.0).fit(df)
+        assert time.monotonic() - started < 45
+        assert "task slots are free at once (other jobs hold them?)" in caplog.text
+    finally:
+        spark_local.sparkContext.cancelJobGroup("busy-slots")
+        holder.join(30)
+    assert sparkddl.run(sum, [1, 2], num_workers=2, spark=spark_local) == 3
+
+
+@pytest.mark.timeout(180)
+def test_two_fits_of_one_run_id_at_once_are_refused(spark_local, tmp_path):
+    import threading
+    store = Store.from_uri(tmp_path / "store")
+    active = store.fs_path(store.run_url("same", "active.json"))
+    first: dict = {}
+
+    def fit_first() -> None:
+        try:
+            first["model"] = estimator(tmp_path, runId="same", numWorkers=1,
+                                       epochs=6).fit(digits_df(spark_local))
+        except BaseException as exc:  # noqa: BLE001 - asserted below
+            first["error"] = exc
+
+    thread = threading.Thread(target=fit_first)
+    thread.start()
+    deadline = time.monotonic() + 60
+    while not os.path.exists(active) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    with pytest.raises(ConfigError, match=r"run 'same' is being fitted by another fit"):
+        estimator(tmp_path, runId="same", numWorkers=1).fit(digits_df(spark_local))
+    thread.join(150)
+    assert "error" not in first and first["model"].epochs_done == 6
+    assert not os.path.exists(active)
