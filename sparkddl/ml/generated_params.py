@@ -105,7 +105,7 @@ class HasTorchEstimatorParams(HasTorchModelParams, HasSeed):
         typeConverter=TypeConverters.identity)
     callbacks: Param[Any] = Param(
         Params._dummy(), 'callbacks',
-        'objects with any of on_fit_start(estimator), on_epoch_end(row) -> bool (True stops training), on_snapshot(epoch, state_dict), on_fit_end(model), on_restart(restart); they run on the driver',
+        'objects with any of on_fit_start(estimator), on_epoch_end(row) -> bool (True stops training), on_snapshot(epoch, state_dict), on_fit_end(model), on_restart(restart); they run on the driver, and a KeyboardInterrupt raised in one cancels the fit',
         typeConverter=TypeConverters.identity)
     mlflow: Param[Any] = Param(
         Params._dummy(), 'mlflow',
@@ -320,11 +320,11 @@ class HasTorchEstimatorParams(HasTorchModelParams, HasSeed):
         return self.getOrDefault(self.loss)
 
     def setCallbacks(self, value: Any) -> Self:
-        """Sets callbacks: objects with any of on_fit_start(estimator), on_epoch_end(row) -> bool (True stops training), on_snapshot(epoch, state_dict), on_fit_end(model), on_restart(restart); they run on the driver"""
+        """Sets callbacks: objects with any of on_fit_start(estimator), on_epoch_end(row) -> bool (True stops training), on_snapshot(epoch, state_dict), on_fit_end(model), on_restart(restart); they run on the driver, and a KeyboardInterrupt raised in one cancels the fit"""
         return self._set(callbacks=value)
 
     def getCallbacks(self) -> Any:
-        """callbacks: objects with any of on_fit_start(estimator), on_epoch_end(row) -> bool (True stops training), on_snapshot(epoch, state_dict), on_fit_end(model), on_restart(restart); they run on the driver"""
+        """callbacks: objects with any of on_fit_start(estimator), on_epoch_end(row) -> bool (True stops training), on_snapshot(epoch, state_dict), on_fit_end(model), on_restart(restart); they run on the driver, and a KeyboardInterrupt raised in one cancels the fit"""
         return self.getOrDefault(self.callbacks)
 
     def setMlflow(self, value: Any) -> Self:

@@ -66,7 +66,8 @@ OBJECT_PARAMS = (
               "(cross_entropy, mse, bce_with_logits, ...)", None, False),
     ParamSpec("callbacks", None, "objects with any of on_fit_start(estimator), "
               "on_epoch_end(row) -> bool (True stops training), on_snapshot(epoch, state_dict), "
-              "on_fit_end(model), on_restart(restart); they run on the driver", None, False),
+              "on_fit_end(model), on_restart(restart); they run on the driver, and a "
+              "KeyboardInterrupt raised in one cancels the fit", None, False),
     ParamSpec("mlflow", None, "log params, per-epoch metrics, restarts and the model to MLflow "
               "from the driver: None logs when an MLflow run is active, True also starts a "
               "run when none is, False turns it off", None, False),
