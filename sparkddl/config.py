@@ -291,8 +291,9 @@ class TrainConfig:
         None, "after a lost executor, go on with at least this many ranks from the last "
         "epoch checkpoint when fewer slots come back (elastic; None: numWorkers, no "
         "elasticity)", param="minWorkers", convert="toInt", check=optional_positive_int)
-    slot_wait_s: float = option(120.0, "seconds to wait for task slots before a relaunch; "
-                                "then go on with minWorkers ranks or fail", param="slotWaitTimeout",
+    slot_wait_s: float = option(120.0, "seconds to wait for task slots: at each launch (then "
+                                "a ClusterError) and before a relaunch (then go on with "
+                                "minWorkers ranks or fail)", param="slotWaitTimeout",
                                 convert="toFloat")
     run_id: str | None = option(None, "resume this earlier run from its last good checkpoint "
                                 "(None: a new run)", param="runId")

@@ -29,7 +29,10 @@ _IDENTIFIED_LEAVES = {"Range", "OneRowRelation"}
 _OPAQUE = re.compile(r"UDF|UDAF|UDTF|Udf|Aggregator|InPandas|InArrow|InR$|MapElements|"
                      r"MapPartitions|MapGroups|CoGroup|AppendColumns|ScriptTransformation|"
                      r"Python")
-_SUBQUERY = re.compile(r"Subquery$|^Exists$|^ListQuery$|SubqueryArgumentExpression$")
+# deterministic to Spark, but not from one day (or user, or database) to the next: a plan that
+# filters on current_timestamp() reads other rows tomorrow from the same files
+_CLOCK = {"CurrentTimestamp", "Now", "CurrentDate", "LocalTimestamp", "CurrentTimeZone",
+          "CurrentUser", "CurrentDatabase", "CurrentCatalog", "CurrentBatchTimestamp"}
 FORMAT_VERSION = 1  # bump when the materialized layout changes
 
 
@@ -40,15 +43,19 @@ def plan_text(df: Any) -> str:
 
 def leaf_kinds(df: Any) -> list[str]:
     leaves = df._jdf.queryExecution().analyzed().collectLeaves()
-    kinds = []
-    for i in range(leaves.size()):
-        leaf = leaves.apply(i)
-        kind = str(leaf.getClass().getSimpleName())
-        if kind == "LogicalRelation":
-            relation = str(leaf.relation().getClass().getSimpleName())
-            kind = "FileRelation" if relation == "HadoopFsRelation" else f"LogicalRelation:{relation}"
-        kinds.append(kind)
-    return kinds
+    return [_leaf_kind(leaves.apply(i)) for i in range(leaves.size())]
+
+
+def _leaf_kind(leaf: Any) -> str:
+    kind = str(leaf.getClass().getSimpleName())
+    if kind == "LogicalRelation":
+        relation = str(leaf.relation().getClass().getSimpleName())
+        kind = "FileRelation" if relation == "HadoopFsRelation" else f"LogicalRelation:{relation}"
+    return kind
+
+
+def _identified(kind: str) -> bool:
+    return kind in _IDENTIFIED_LEAVES or kind == "FileRelation"
 
 
 def root_paths(df: Any) -> list[list[str]]:
@@ -72,7 +79,7 @@ def identified_by_files(df: Any) -> bool:
     (:func:`opaque_code`)."""
     if getattr(df, "_jdf", None) is None:
         return False
-    if not all(k in _IDENTIFIED_LEAVES or k == "FileRelation" for k in leaf_kinds(df)):
+    if not all(_identified(k) for k in leaf_kinds(df)):
         return False
     opaque = opaque_code(df)
     if opaque:
@@ -85,38 +92,45 @@ def identified_by_files(df: Any) -> bool:
 def opaque_code(df: Any) -> str | None:
     """What in the analyzed plan of ``df`` (a classic DataFrame) makes its text a poor key:
     user code (UDFs, pandas/Arrow maps, typed Dataset maps), whose body and closure the text
-    does not show, or a non-deterministic expression; None where there is none."""
+    does not show, a non-deterministic or clock-dependent expression, or a subquery over data
+    other than files; None where there is none."""
     pending = [df._jdf.queryExecution().analyzed()]
-    while pending:  # plan nodes, the subqueries in their expressions included
+    while pending:  # plan nodes, the plans of subqueries in their expressions included
         node = pending.pop()
         name = str(node.getClass().getSimpleName())
         if _OPAQUE.search(name):
             return f"{name} (user code)"
         exprs = node.expressions()
         for i in range(exprs.size()):
-            found = _opaque_expression(exprs.apply(i), pending)
+            found = _opaque_expression(exprs.apply(i))
             if found:
                 return found
-        children = node.children()
+        children, subqueries = node.children(), node.subqueries()
+        if not children.size() and not _identified(_leaf_kind(node)):
+            return f"a subquery over {_leaf_kind(node)}"
         pending.extend(children.apply(i) for i in range(children.size()))
+        pending.extend(subqueries.apply(i) for i in range(subqueries.size()))
     return None
 
 
-def _opaque_expression(root: Any, plans: list[Any]) -> str | None:
+def _opaque_expression(root: Any) -> str | None:
     pending = [root]
     while pending:
         expr = pending.pop()
         name = str(expr.getClass().getSimpleName())
         if _OPAQUE.search(name):
             return f"{name} {str(expr.prettyName())!r} (user code)"
-        if not expr.deterministic():
-            return f"the non-deterministic expression {name}"
-        if _SUBQUERY.search(name):  # its plan is a plan of its own
-            plans.append(expr.plan())
+        if name in _CLOCK:
+            return f"{name}, whose value changes with the clock or the session"
         children = expr.children()
-        pending.extend(children.apply(i) for i in range(children.size()))
+        kids = [children.apply(i) for i in range(children.size())]
+        if not expr.deterministic():
+            random = [k for k in kids if not k.deterministic()]
+            if not random:  # the source of it, not the aliases and calls around it
+                return f"the non-deterministic expression {name}"
+            kids = random
+        pending.extend(kids)
     return None
-
 
 
 def input_file_identity(spark: Any, df: Any) -> list[tuple[str, int, int]]:
@@ -126,10 +140,22 @@ def input_file_identity(spark: Any, df: Any) -> list[tuple[str, int, int]]:
     conf = spark.sparkContext._jsc.hadoopConfiguration()
     out = []
     for path in sorted(df.inputFiles()):
-        jpath = jvm.org.apache.hadoop.fs.Path(jvm.java.net.URI(path))  # as Spark encoded it
-        status = jpath.getFileSystem(conf).getFileStatus(jpath)
+        status = _status(jvm, conf, path)
         out.append((path, int(status.getLen()), int(status.getModificationTime())))
     return out
+
+
+def _status(jvm: Any, conf: Any, path: str) -> Any:
+    """The Hadoop file status of ``path`` as inputFiles() names it: a %-encoded URI from
+    Spark's own file index, the path as it is from Delta Lake's (which Hadoop's Path(String)
+    takes; a URI cannot hold a space)."""
+    from py4j.protocol import Py4JJavaError
+    try:
+        jpath = jvm.org.apache.hadoop.fs.Path(jvm.java.net.URI(path))
+        return jpath.getFileSystem(conf).getFileStatus(jpath)
+    except Py4JJavaError:  # not a URI, or not the file it names once decoded
+        jpath = jvm.org.apache.hadoop.fs.Path(path)
+        return jpath.getFileSystem(conf).getFileStatus(jpath)
 
 
 def fingerprint(parts: dict[str, Any]) -> str:

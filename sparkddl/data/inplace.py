@@ -83,7 +83,9 @@ def decide(df: Any, columns: list[str], kinds: dict[str, str], types: dict[str, 
         return Decision(None, f"the validation column {split_column!r} is a partition column")
     roots = [decode_hadoop_uri(str(relation.location().rootPaths().apply(i).toUri()))
              for i in range(relation.location().rootPaths().size())]
-    spark_reads = sorted(decode_hadoop_uri(f) for f in df.inputFiles())
+    # Spark's own file index names files as %-encoded URIs; Delta's names them as they are
+    spark_reads = sorted(f if fmt == DELTA_FORMAT else decode_hadoop_uri(f)
+                         for f in df.inputFiles())
     overlap = _overlap(roots)
     if overlap:  # Spark reads the files under both: inputFiles() names each once
         return Decision(None, f"its root paths overlap ({overlap[1]} is inside {overlap[0]}), "

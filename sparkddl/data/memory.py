@@ -64,7 +64,8 @@ def row_group_bytes(sc: Any, preferred: int, smallest: int = 1 << 20) -> int:
 # how Spark's uncaught-exception handler ends a JVM that ran out of memory
 OOM_EXIT_CODE = 52
 JVM_EXIT_WAIT_S = 10.0
-# what Spark's error says when a file it listed is gone before a task reads it
+# what Spark's error says when a file it listed is gone before a task reads it (a lost
+# shuffle file, under a blockmgr- folder, is no input's)
 FILE_GONE = ("FILE_NOT_EXIST", "java.io.FileNotFoundException")
 
 
@@ -85,7 +86,7 @@ def job_errors(sc: Any, what: str) -> Iterator[None]:
         except Exception:  # noqa: BLE001 - the JVM that held the message is gone
             text = ""
         gone = next((line.strip() for line in text.splitlines()
-                     if any(m in line for m in FILE_GONE)), None)
+                     if any(m in line for m in FILE_GONE) and "blockmgr-" not in line), None)
         if gone:
             raise DataError(f"{what} failed: a file the DataFrame reads is gone ({gone[:300]}); "
                             "it was deleted or overwritten after the DataFrame was defined: "

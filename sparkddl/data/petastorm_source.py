@@ -15,6 +15,7 @@ from typing import Any, Generator
 
 from sparkddl.data.petastorm_check import MODULES, unavailable_reason  # noqa: F401
 from sparkddl.data.plan import ShardPlan, sub_shard
+from sparkddl.store import Store
 from sparkddl.store.store import split_uri
 
 # Petastorm 0.13 drives pyarrow 14 through its deprecated legacy API on every row group,
@@ -62,10 +63,9 @@ def _open_reader(url: str, columns: list[str], pool: "InlinePool", **options: An
 
     # Petastorm would urlparse the whole URL, cutting a folder named 'a#b' at the '#': it
     # gets the filesystem's root, and the path as the store names it
-    scheme, netloc, path = split_uri(url.rstrip("/"))
+    scheme, netloc, _ = split_uri(url)
     filesystem, _ = get_filesystem_and_path_or_paths(f"{scheme}://{netloc}/")
-    if scheme not in ("file", "hdfs"):  # fsspec's paths start with the bucket
-        path = netloc + path
+    path = Store.from_uri(url).fs_path(url.rstrip("/"))
     return Reader(filesystem, path, schema_fields=columns, worker_class=_in_order_worker(),
                   reader_pool=pool, num_epochs=1, is_batched_reader=True, **options)
 

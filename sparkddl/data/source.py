@@ -100,7 +100,7 @@ def open_parquet(url: str, spec: DataSpec, listing: Listing | None = None) -> Da
             col = ColumnSpec(col.name, col.role, "list" if width else "scalar", col.dtype,
                              col.shape)
         columns.append(col)
-    _check_footers(fs, groups, tuple(columns), {n: fields[n][1] for n in in_files}, first.path)
+    _check_footers(fs, groups, tuple(columns), {n: fields[n] for n in in_files}, first.path)
     return Dataset(store.url(), tuple(columns), tuple(g.rows for g in groups), listing=listing)
 
 
@@ -126,9 +126,10 @@ def _footers(fs: Any, groups: list[RowGroup]) -> Any:
 
 
 def _check_footers(fs: Any, groups: list[RowGroup], columns: tuple[ColumnSpec, ...],
-                   types: dict[str, str], reference: str) -> None:
+                   types: dict[str, tuple[str, str]], reference: str) -> None:
     """What the footers already tell, before any rank reads: every file holds the columns
-    with the ``types`` (Arrow type names) of ``reference``, the file they were read from, no nulls (column statistics), and no
+    of the kinds in ``types`` (kind, Arrow type name) of ``reference``, the file they were read
+    from, no nulls (column statistics), and no
     arrays of another length than the first row group's (value counts), naming the file."""
     by_name = {c.name: c for c in columns}
     nulls: dict[str, int] = {}
@@ -174,22 +175,25 @@ def _top_level(leaf: str, names: Any) -> str:
     return max(owners, key=len) if owners else ""
 
 
-def _check_types(schema: Any, types: dict[str, str], path: str, first: str) -> None:
-    """Each of ``types``' columns in ``path``'s schema, with the same type: a file whose label
-    is double where the others' is long would be read as the others' type (3.5 as class 3),
-    and one without a column has nothing to read."""
-    for name, expected in types.items():
+def _check_types(schema: Any, types: dict[str, tuple[str, str]], path: str, first: str
+                 ) -> None:
+    """Each of ``types``' columns in ``path``'s schema, of the same kind: a file whose label is
+    double where the others' is long would be decoded as the others' (3.5 as class 3), and
+    one without a column has nothing to read. Widths may differ (int32 and int64, float and
+    double): every kind is decoded to one dtype (int64 labels, float32 features) whatever
+    the file holds."""
+    for name, (kind, expected) in types.items():
         index = schema.get_field_index(name)
         if index < 0:
             raise DataError(f"column {name!r} is missing from {path} (its columns: "
                             f"{', '.join(schema.names)}), while {first} has it; every file of "
                             "a table needs the same columns: rewrite that file, or leave it out "
                             "of the table")
-        found = str(schema.field(index).type)
-        if found != expected:
+        found = schema.field(index).type
+        if arrow_kind(found) != kind:
             raise DataError(f"column {name!r} is {found} in {path} but {expected} in {first}; "
-                            "every file of a table needs one type per column (Spark refuses "
-                            "to read such a table too): rewrite the odd files with the "
+                            "every file of a table needs one kind of value per column "
+                            "(integers, floating point, ...): rewrite the odd files with the "
                             f"column cast to one type, e.g. df.withColumn({name!r}, "
                             f"df[{name!r}].cast(...)).write.parquet(...)")
 

@@ -7,11 +7,13 @@ its name, except ``on_epoch_end``, ``on_snapshot`` and ``on_restart``, which run
 fit goes on: their errors (an ``Exception``) are kept with the fit's evaluation errors and
 logged, and training goes on.
 
-What is not an ``Exception`` ends the fit from any hook: a ``KeyboardInterrupt`` is a cancel
-(the ranks are stopped and the fit raises ``JobCancelledError``, naming the callback and the
-checkpoint to resume from, as after Ctrl-C); a ``SystemExit`` or another ``BaseException``
-stops the ranks and is raised again by the fit, with a note naming the callback and hook. No
-later epoch is trained and no restart starts."""
+What is not an ``Exception`` ends the fit: from ``on_epoch_end``, ``on_snapshot`` or
+``on_restart``, a ``KeyboardInterrupt`` is a cancel (the ranks are stopped and the fit raises
+``JobCancelledError``, naming the callback and the checkpoint to resume from, as after
+Ctrl-C), and a ``SystemExit`` or another ``BaseException`` stops the ranks and is raised
+again by the fit, with a note naming the callback and hook; no later epoch is trained and no
+restart starts. From ``on_fit_start`` and ``on_fit_end`` (no ranks run then) it is raised as
+it is, with that note."""
 from __future__ import annotations
 
 import logging

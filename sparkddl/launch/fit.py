@@ -52,6 +52,7 @@ class _Dispatch:
         self.steps = 0  # rank 0's latest global step count
         self.pending: Restart | None = None
         self.attempt = 0  # the current attempt: what earlier ones still send is dropped
+        self.recancelled = -1  # the attempt cancelled again after a fatal error
         # an elastic fit on fewer ranks: epoch -> whether to stop and relaunch wider now
         self.grow: Callable[[int], bool] | None = None
 
@@ -83,8 +84,10 @@ class _Dispatch:
         self.progress.update(body.epoch, body.step, body.loss)
 
     def _heartbeat(self, msg: Message, body: m.Heartbeat) -> None:
-        if self.evaluator.fatal is not None:  # a stage submitted just after the fatal
-            self.evaluator.on_fatal()  # error's cancel (which only reaches running jobs)
+        if self.evaluator.fatal is not None and self.recancelled != self.attempt:
+            self.recancelled = self.attempt  # a stage submitted just after the fatal error's
+            self.evaluator.on_fatal()  # cancel (which only reaches running jobs): once
+
         if msg.rank == 0:
             self.steps = int(body.steps)
 
@@ -137,11 +140,9 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
     # unknown names and options; what the installed torch cannot run on these devices
     strategies.create(config.strategy, config.strategy_options).check_device(
         "cuda" if config.use_gpu else "cpu")
-    if not config.run_id:  # a new run id: no other fit can hold it
-        return _fit(spark, df, model, optimizer, loss, config, callbacks, new_run_id(), started)
-    with runlock.holding(Store.from_uri(config.store), config.run_id):
-        return _fit(spark, df, model, optimizer, loss, config, callbacks, config.run_id,
-                    started)
+    run_id = config.run_id or new_run_id()  # held even when new: a resume may name it
+    with runlock.holding(Store.from_uri(config.store), run_id):
+        return _fit(spark, df, model, optimizer, loss, config, callbacks, run_id, started)
 
 
 def _fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: TrainConfig,

@@ -2,9 +2,9 @@
 
 Two fits of one run id would write over each other's checkpoints, history and fence, each
 resuming from what the other wrote. The holder refreshes the file while it runs; another fit
-of the same id is refused while the holder is alive: on this host, its process exists (a
-driver killed with SIGKILL frees the run at once); elsewhere, its file was refreshed within
-``STALE_S``. A fit that finds a dead holder's file takes the run over, so a resume by
+of the same id is refused while the holder is alive: its file was refreshed within
+``STALE_S`` and, on this host, its process exists (a driver killed with SIGKILL frees the
+run at once). A fit that finds a dead holder's file takes the run over, so a resume by
 ``runId`` after a crash works as before.
 """
 from __future__ import annotations
@@ -57,8 +57,17 @@ def holding(store: Store, run_id: str) -> Iterator[None]:
         refresher.join()
         with _LOCK:
             _HELD.discard((store.root, run_id))
-        if (_holder(store, url) or {}).get("token") == me["token"]:
+        _release(store, url, me["token"])
+
+
+def _release(store: Store, url: str, token: str) -> None:
+    """Remove this fit's file; a store that cannot be read or written now (the fit's own
+    error says so, if any) leaves it, and it goes stale."""
+    try:
+        if (_holder(store, url) or {}).get("token") == token:
             store.delete(url)
+    except Exception as exc:  # noqa: BLE001 - never over the fit's outcome
+        log.warning("could not remove %s: %s; it goes stale in %gs", url, exc, STALE_S)
 
 
 def _holder(store: Store, url: str) -> dict[str, Any] | None:
@@ -72,17 +81,22 @@ def _holder(store: Store, url: str) -> dict[str, Any] | None:
 
 
 def _alive(store: Store, url: str, holder: dict[str, Any]) -> bool:
+    """A holder is alive while its file is fresh and, on this host, its process exists (a
+    driver killed outright frees the run at once; a number reused by another process does
+    not hold it past STALE_S)."""
+    mtime = store.filesystem().get_file_info(store.fs_path(url)).mtime
+    if mtime is None or time.time() - mtime.timestamp() >= STALE_S:
+        return False
     if holder.get("host") == socket.gethostname() and isinstance(holder.get("pid"), int):
+        if holder["pid"] == os.getpid():  # this process: only a fit of it holds the run
+            return False
         try:
             os.kill(holder["pid"], 0)
         except ProcessLookupError:
             return False
         except PermissionError:  # another user's live process
             return True
-        # a live process of that number; this process only if a fit of it holds the run
-        return holder["pid"] != os.getpid()
-    mtime = store.filesystem().get_file_info(store.fs_path(url)).mtime
-    return mtime is not None and time.time() - mtime.timestamp() < STALE_S
+    return True
 
 
 def _refresh(store: Store, url: str, me: dict[str, Any], stop: threading.Event) -> None:

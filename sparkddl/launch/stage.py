@@ -164,8 +164,8 @@ def _run(sc: Any, spec: TaskSpec, monitor: StageMonitor, timeout_s: float | None
         raise JobCancelledError(f"run {spec.run_id} was interrupted (KeyboardInterrupt); "
                                 "its barrier stage was cancelled and every rank has "
                                 "ended") from exc
-    except ClusterError:  # no slots: nothing ran, and a relaunch would wait the same
-        _stop(sc, job, monitor, spec)
+    except Exception:  # no slots (ClusterError: a relaunch would wait the same), or the
+        _stop(sc, job, monitor, spec)  # driver's own watch failed: no rank is left running
         raise
     decided = time.monotonic()  # connections that close after this were closed by the cancel
     ours = not job.finished.is_set()

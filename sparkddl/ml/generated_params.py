@@ -269,7 +269,7 @@ class HasTorchEstimatorParams(HasTorchModelParams, HasSeed):
         typeConverter=TypeConverters.toInt)
     slotWaitTimeout: Param[float] = Param(
         Params._dummy(), 'slotWaitTimeout',
-        'seconds to wait for task slots before a relaunch; then go on with minWorkers ranks or fail',
+        'seconds to wait for task slots: at each launch (then a ClusterError) and before a relaunch (then go on with minWorkers ranks or fail)',
         typeConverter=TypeConverters.toFloat)
     runId: Param[str | None] = Param(
         Params._dummy(), 'runId',
@@ -652,11 +652,11 @@ class HasTorchEstimatorParams(HasTorchModelParams, HasSeed):
         return self.getOrDefault(self.minWorkers)
 
     def setSlotWaitTimeout(self, value: float) -> Self:
-        """Sets slotWaitTimeout: seconds to wait for task slots before a relaunch; then go on with minWorkers ranks or fail"""
+        """Sets slotWaitTimeout: seconds to wait for task slots: at each launch (then a ClusterError) and before a relaunch (then go on with minWorkers ranks or fail)"""
         return self._set(slotWaitTimeout=value)
 
     def getSlotWaitTimeout(self) -> float:
-        """slotWaitTimeout: seconds to wait for task slots before a relaunch; then go on with minWorkers ranks or fail"""
+        """slotWaitTimeout: seconds to wait for task slots: at each launch (then a ClusterError) and before a relaunch (then go on with minWorkers ranks or fail)"""
         return self.getOrDefault(self.slotWaitTimeout)
 
     def setRunId(self, value: str | None) -> Self:

@@ -19,9 +19,11 @@ from sparkddl.store import Store, decode_hadoop_uri
 from sparkddl.train.components import model_factory
 
 
+# what the model keeps of its fit, set from the metadata as saved
+FIT_FIELDS = ("task", "output_width", "run_id", "chosen_epoch", "best_by", "epochs_done",
+              "stopped_early")
 # what ModelReader.load reads from the metadata without a default
-REQUIRED = ("uid", "paramMap", "architecture", "task", "output_width", "run_id",
-            "chosen_epoch", "best_by", "epochs_done", "stopped_early")
+REQUIRED = ("uid", "paramMap", "architecture") + FIT_FIELDS
 
 
 def _metadata(path: str, spark: Any) -> dict[str, Any]:
@@ -185,6 +187,6 @@ class ModelReader(MLReader):
         except ValueError as exc:
             raise StoreError(f"the saved model at {path}: history.json is not JSON ({exc}); "
                              "save the model again") from None
-        for key in REQUIRED[3:]:
+        for key in FIT_FIELDS:
             setattr(m, key, meta[key])
         return m

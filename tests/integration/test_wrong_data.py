@@ -57,6 +57,38 @@ def test_a_udf_redefined_or_a_closure_changed_is_not_a_cache_hit(spark_local, tm
     assert not fourth.cache_hit and set(labels_of(fourth).values()) == {20, 21}
 
 
+@pytest.mark.timeout(120)
+def test_which_plans_are_keyed_by_their_files_and_which_by_content(spark_local, tmp_path):
+    from pyspark.ml.feature import VectorAssembler
+    from pyspark.sql import functions as F
+
+    from sparkddl.data import fingerprint as fp
+    src, other = str(tmp_path / "src"), str(tmp_path / "other")
+    spark_local.range(100).selectExpr("id", "cast(id as float) as x").write.parquet(src)
+    spark_local.range(50).write.parquet(other)
+    base = spark_local.read.parquet(src)
+    spark_local.read.parquet(other).createOrReplaceTempView("other_ids")
+    base.createOrReplaceTempView("src_rows")
+    plain = [base.where("id > 3").selectExpr("id", "cast(x * 2 as double) as x",
+                                            "id % 3 as label"),
+             base.groupBy((F.col("id") % 5).alias("k")).agg(F.sum("x").alias("x")),
+             spark_local.sql("select * from src_rows where id in (select id from other_ids)"),
+             spark_local.sql("select * from src_rows where exists (select 1 from other_ids "
+                             "where other_ids.id = src_rows.id)")]
+    for df in plain:  # Spark's own expressions over files: one pass, keyed by files
+        assert fp.opaque_code(df) is None and fp.identified_by_files(df), df
+    opaque = {"PythonUDF": base.withColumn("y", F.udf(lambda i: i, "long")("id")),
+              "CurrentTimestamp": base.where(F.col("id") < F.unix_timestamp(
+                  F.current_timestamp())),
+              "Rand": base.withColumn("r", F.rand()),
+              "ScalaUDF": VectorAssembler(inputCols=["x"], outputCol="v").transform(base),
+              "MapInPandas": base.mapInPandas(lambda it: it, base.schema),
+              "a subquery over LocalRelation": spark_local.sql(
+                  "select * from src_rows where id in (select * from values (1), (2))")}
+    for what, df in opaque.items():
+        assert what in (fp.opaque_code(df) or "") and not fp.identified_by_files(df), what
+
+
 def write_drifting_table(path, second_label: pa.DataType) -> None:
     """Two files of one table: the first with integral labels, the second's of another type."""
     os.makedirs(path)
@@ -70,18 +102,25 @@ def write_drifting_table(path, second_label: pa.DataType) -> None:
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("second", [pa.float64(), pa.int32()], ids=["double", "narrower"])
-def test_files_of_one_table_with_different_label_types_are_refused(spark_local, tmp_path,
-                                                                    second):
+def test_files_of_one_table_with_integer_and_float_labels_are_refused(spark_local, tmp_path):
     table = str(tmp_path / "table")
-    write_drifting_table(table, second)
+    write_drifting_table(table, pa.float64())
     bad = os.path.join(table, "part-1.parquet")
-    wanted = rf"'label' is {second} in .*{bad} but int64 in .*part-0\.parquet"
+    wanted = rf"'label' is double in .*{bad} but int64 in .*part-0\.parquet"
     with pytest.raises(DataError, match=wanted):  # the URL read in place
         prepare(table, SPEC, num_workers=2, batch_size=8)
     df = spark_local.read.parquet(table)  # Spark takes the first file's schema
     with pytest.raises(DataError, match=wanted):
         prepare(df, SPEC, num_workers=2, batch_size=8, store=str(tmp_path / "store"))
+
+
+@pytest.mark.timeout(120)
+def test_files_of_one_kind_in_other_widths_are_read_as_one(spark_local, tmp_path):
+    """int32 beside int64 loses nothing: both decode to the planned dtype (int64)."""
+    table = str(tmp_path / "table")
+    write_drifting_table(table, pa.int32())
+    prepared = prepare(table, SPEC, num_workers=2, batch_size=8)
+    assert labels_of(prepared) == {i: i % 4 for i in range(200)}
 
 
 @pytest.mark.timeout(120)

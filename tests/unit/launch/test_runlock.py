@@ -39,10 +39,15 @@ def test_a_live_process_on_this_host_holds_the_run_a_dead_one_does_not(tmp_path)
     store = Store.from_uri(tmp_path)
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        _holder_file(store, "r", host=socket.gethostname(), pid=sleeper.pid)
+        path = _holder_file(store, "r", host=socket.gethostname(), pid=sleeper.pid)
         with pytest.raises(ConfigError, match=rf"process {sleeper.pid} on "):
             with runlock.holding(store, "r"):
                 pass
+        old = time.time() - runlock.STALE_S - 5  # the number was reused: the file went stale
+        os.utime(path, (old, old))
+        with runlock.holding(store, "r"):
+            pass
+        _holder_file(store, "r", host=socket.gethostname(), pid=sleeper.pid)
     finally:
         sleeper.kill()
         sleeper.wait()
@@ -71,3 +76,15 @@ def test_the_holder_refreshes_its_file(tmp_path, monkeypatch):
         os.utime(path, (old, old))
         time.sleep(0.5)
         assert time.time() - os.path.getmtime(path) < 1
+
+
+def test_a_store_that_fails_at_release_does_not_hide_the_fits_outcome(tmp_path, monkeypatch):
+    store = Store.from_uri(tmp_path)
+
+    def broken(self, url):
+        raise OSError(30, "Read-only file system")
+
+    with pytest.raises(ValueError, match="the fit's own error"):
+        with runlock.holding(store, "r"):
+            monkeypatch.setattr(Store, "delete", broken)
+            raise ValueError("the fit's own error")
