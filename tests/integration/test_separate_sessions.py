@@ -20,7 +20,8 @@ ROOT = Path(__file__).resolve().parents[2]
 def run_probe(mode: str) -> dict:
     proc = subprocess.run([sys.executable, "-m", "tests.integration.separate_sessions", mode],
                           cwd=ROOT, capture_output=True, text=True, timeout=240,
-                          env={**os.environ, "PYTHONPATH": str(ROOT)})
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p)})
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
     assert lines, f"probe {mode} printed no result (rc={proc.returncode}):\n{proc.stderr[-4000:]}"
     return json.loads(lines[-1][len("RESULT "):])
