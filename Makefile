@@ -20,7 +20,7 @@ CURRENT_TESTS ?= tests/unit tests/integration/test_run.py tests/integration/test
 	tests/integration/test_raw_columns.py tests/integration/test_cancel.py \
 	tests/integration/test_adversarial_errors.py tests/integration/test_program_safety.py \
 	tests/integration/test_evaluation.py tests/integration/test_lakehouse.py \
-	tests/integration/test_wrong_data.py
+	tests/integration/test_wrong_data.py tests/integration/test_layouts.py
 # on the oldest torch: the unit suite and the parts that use torch's APIs most (the runner, the
 # estimator, every strategy through Spark)
 OLDEST_TESTS ?= tests/unit tests/integration/test_run.py tests/integration/test_estimator.py \

@@ -220,6 +220,10 @@ class TrainConfig:
                                  check=_non_negative_int)
     reader_workers: int = option(2, "threads reading Parquet ahead on each worker",
                                  param="readerWorkers", convert="toInt", check=_positive_int)
+    epoch_cache_mb: int = option(
+        0, "MiB of decoded rows each worker may keep in memory after the first epoch, so "
+        "that later epochs read no Parquet (where its share does not fit, it reads every "
+        "epoch); 0 = off", param="epochCacheMB", convert="toInt", check=_non_negative_int)
     reader_pool: str = option("thread", "how each worker reads ahead: thread (readerWorkers "
                               "threads) or dummy (inline, no threads)", param="readerPool",
                               convert="toString", choices=POOL_TYPES)

@@ -63,14 +63,10 @@ def prepare(data: Any, spec: DataSpec, *, num_workers: int, batch_size: int,
         prepared = prepare_table(decision.url, spec, num_workers=num_workers,
                                  batch_size=batch_size, validation=split_col or fraction or None,
                                  seed=seed, listing=decision.listing)
-        if isinstance(prepared, PreparedData):
-            log.info("data: reading %s in place (%s); nothing is written to the store",
-                     decision.url, decision.why)
-            return prepared
-        why = prepared
-    else:
-        why = decision.why
-    log.info("data: materializing the DataFrame into the store because %s", why)
+        log.info("data: reading %s in place (%s); nothing is written to the store",
+                 decision.url, decision.why)
+        return prepared
+    log.info("data: materializing the DataFrame into the store because %s", decision.why)
     return materialize(data.sparkSession, data, spec, Store.from_uri(store),
                        num_workers=num_workers, batch_size=batch_size, validation=validation,
                        seed=seed)

@@ -1,14 +1,14 @@
-"""Row groups of a sub-shard read with pyarrow alone: the reader for stacks where
-Petastorm cannot load (pyarrow >= 15, numpy 2, Spark >= 4.1).
+"""The pieces of a sub-shard read with pyarrow alone: the reader for stacks where
+Petastorm cannot load (pyarrow >= 15, numpy 2, Spark >= 4.1), and for tables read in place
+with a split, a listing or another writer's types.
 
-It keeps Petastorm's contract: the row groups are those of :func:`list_row_groups` (files in
-path order, Petastorm's rule for which files are data), row group i belongs to sub-shard
-``i % count``; each epoch reads every row group of the sub-shard once, in a seeded order,
-with the rows of each in a seeded order (the reader's: sources hand rows over in file
-order, and :class:`~sparkddl.data.batching.Rebatcher` gathers them in that order, one copy
-per row). The permutations are not Petastorm's, but depend
-only on the seed, the epoch, the rank and the sub-shard, so a resumed run reads the same
-order. Decoding, re-batching and step counting are :mod:`sparkddl.data.reader`'s.
+The row groups are those of :func:`list_row_groups` (files in path order, Petastorm's rule
+for which files are data); a rank reads its :class:`~sparkddl.data.plan.Piece` s (row
+ranges of row groups) and nothing else, each epoch every piece of the sub-shard once, in a
+seeded order, rows in file order (the reader gathers them in a seeded order as it batches).
+The order depends only on the seed, the epoch, the rank and the sub-shard, so a resumed run
+reads the same order. Decoding, re-batching and step counting are
+:mod:`sparkddl.data.reader`'s.
 """
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ from typing import Any, Generator
 import numpy as np
 
 from sparkddl.data.batching import value_counts
-from sparkddl.data.plan import (ShardPlan, list_row_groups, read_errors, sub_shard,
+from sparkddl.data.plan import (ShardPlan, list_row_groups, piece_order, read_errors,
                                 unreadable)
 from sparkddl.errors import DataError
 from sparkddl.store import Store
@@ -25,9 +25,8 @@ from sparkddl.store import Store
 
 def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
                    ) -> Generator[Any, None, None]:
-    """Arrow tables of the row groups of part ``part`` of ``parts`` of this rank's shard,
-    one pass, in a seeded order, rows in file order; striding, every row group in file
-    order (the reader keeps this rank's rows)."""
+    """Arrow tables of the pieces of part ``part`` of ``parts`` of this rank's shard, one
+    pass, in a seeded order, rows in file order."""
     import pyarrow.parquet as pq
 
     store = Store.from_uri(plan.url)
@@ -37,17 +36,14 @@ def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
     groups = list_row_groups(filesystem, root, listing)
     if plan.selection is not None:  # split by whole row groups: the other side's, unread
         groups = plan.selection.groups_of_side(root, groups)
-    rng = np.random.default_rng([plan.seed, epoch, rank, part])
-    if not plan.stride:
-        shard, count = sub_shard(plan, rank, part, parts)
-        groups = [g for i, g in enumerate(groups) if i % count == shard]
-        groups = [groups[i] for i in rng.permutation(len(groups))]
+    pieces = piece_order(plan, rank, epoch, part, parts)
     handles: list[Any] = []
     files: dict[str, Any] = {}  # each file opened, and its footer parsed, once per pass
     sel = plan.selection
     names = listing.file_columns(plan.names) if listing else plan.names  # in the files
     try:
-        for group in groups:
+        for piece in pieces:
+            group = groups[piece.group]
             try:
                 if group.path not in files:
                     handles.append(filesystem.open_input_file(group.path))
@@ -58,6 +54,8 @@ def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
                 raise unreadable(group.path, exc, f"rank {rank}, epoch {epoch}") from exc
             if sel is not None:
                 table = sel.apply(root, group.path, group.index, table, names)
+            if piece.rows != table.num_rows:  # the rows of another rank's piece: not used
+                table = table.slice(piece.start, piece.rows)
             if listing is not None:  # partition columns: constants of the file
                 table = listing.add_columns(table, group.path, plan.names)
             check_table(plan, table, group.path, group.index)

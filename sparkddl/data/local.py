@@ -8,7 +8,8 @@ import numpy as np
 
 from sparkddl.data.batching import Chunk, decode_arrow
 from sparkddl.data.dataset import Dataset
-from sparkddl.data.plan import RowGroup, check_unchanged, list_row_groups, parquet_file
+from sparkddl.data.plan import (Piece, RowGroup, check_unchanged, list_row_groups,
+                                parquet_file, shard_pieces)
 from sparkddl.store import Store
 
 STREAM_ROWS = 65_536  # rows decoded at once on the driver
@@ -18,8 +19,9 @@ READ_BUFFER = 1 << 20  # bytes read ahead from a file: pages, not whole column c
 def row_groups(dataset: Dataset, rank: int = 0, world: int = 1) -> Iterator[Chunk]:
     """Every row group of ``dataset`` in order (Petastorm's), decoded, with its split's rows
     only, streamed in parts of at most ``STREAM_ROWS`` rows: a large row group is never
-    whole in memory. With ``world`` > 1, row group i only where i % world == rank (the
-    training shards' rule): every row in exactly one rank's share."""
+    whole in memory. With ``world`` > 1, ``rank``'s pieces only (the training shards' rule,
+    :func:`shard_pieces`, in file order): every row in exactly one rank's share, the
+    shares equal to a row."""
     import pyarrow as pa
 
     store = Store.from_uri(dataset.url)
@@ -34,20 +36,30 @@ def row_groups(dataset: Dataset, rank: int = 0, world: int = 1) -> Iterator[Chun
     groups = list_row_groups(fs, root, listing)
     if sel is not None:  # split by whole row groups: the other side's, unread
         groups = sel.groups_of_side(root, groups)
-    for i, group in enumerate(groups):
-        if i % world != rank:
-            continue
-        start = 0
+    if world > 1:
+        pieces = sorted(shard_pieces(dataset.shared_groups, world)[rank],
+                        key=lambda p: p.group)
+    else:
+        pieces = [Piece(i, 0, g.rows) for i, g in enumerate(groups)]  # all of each
+    for piece in pieces:
+        group = groups[piece.group]
+        start = kept = 0  # rows of the group read, and of its split's rows
         for part in _parts(fs, group, sel.read_columns(in_files) if sel else in_files):
             table = pa.Table.from_batches([part])
             if sel is not None:
                 table = sel.apply(root, group.path, group.index, table, in_files, start,
                                   group.rows)
+            start += part.num_rows
+            if world > 1:  # this rank's rows of the group: piece.start..piece.stop
+                first, kept = kept, kept + table.num_rows
+                lo, hi = max(piece.start - first, 0), min(piece.stop - first, table.num_rows)
+                table = table.slice(lo, max(hi - lo, 0))
             if listing is not None:
                 table = listing.add_columns(table, group.path, names)
-            start += part.num_rows
             if table.num_rows:
                 yield {c.name: decode_arrow(c, table.column(c.name)) for c in dataset.columns}
+            if world > 1 and kept >= piece.stop:
+                break
 
 
 def _parts(fs: Any, group: RowGroup, columns: list[str]) -> Iterator[Any]:

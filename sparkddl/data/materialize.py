@@ -53,7 +53,9 @@ class Profile:
 
 def min_row_groups(num_workers: int) -> int:
     """Row groups every materialization gets at least: 4 per rank for up to the next power
-    of two of ``num_workers`` ranks, so data prepared for 2 workers serves 1-4 evenly."""
+    of two of ``num_workers`` ranks. Ranks share rows, not row groups, so any world reads
+    the copy exactly; the row groups are for the reader threads of each rank (one piece
+    each) and for memory (a row group is decoded whole)."""
     return MIN_GROUPS_PER_RANK * max(4, 1 << (max(num_workers, 1) - 1).bit_length())
 
 

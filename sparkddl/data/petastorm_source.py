@@ -14,7 +14,8 @@ import warnings
 from typing import Any, Generator
 
 from sparkddl.data.petastorm_check import MODULES, unavailable_reason  # noqa: F401
-from sparkddl.data.plan import ShardPlan, sub_shard
+from sparkddl.data.plan import Piece, ShardPlan, piece_order
+from sparkddl.errors import DataError
 from sparkddl.store import Store
 from sparkddl.store.store import split_uri
 
@@ -32,18 +33,20 @@ def epoch_seed(plan: ShardPlan, epoch: int, part: int = 0) -> int:
 
 def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
                    ) -> Generator[Any, None, None]:
-    """Arrow tables of the row groups of part ``part`` of ``parts`` of this rank's shard
-    (:func:`sub_shard`), one pass, in a seeded order; striding, every row group in file order.
-    Rows come in file order: the reader shuffles them as it batches (a copy it makes anyway),
-    not Petastorm (whose take costs as much as reading the row group)."""
+    """Arrow tables of the pieces of part ``part`` of ``parts`` of this rank's shard
+    (:func:`piece_order`), one pass, in that order. Petastorm is given the row groups to
+    read, in that order (its own sharding, ``i % shard_count``, knows whole row groups only),
+    and its worker cuts each to the piece's rows. Rows come in file order: the reader
+    shuffles them as it batches (a copy it makes anyway), not Petastorm (whose take costs as
+    much as reading the row group)."""
     from petastorm.workers_pool import EmptyResultError
 
-    shard = {} if plan.stride else dict(zip(("cur_shard", "shard_count"),
-                                            sub_shard(plan, rank, part, parts)))
+    pieces = piece_order(plan, rank, epoch, part, parts)
+    if not pieces:
+        return
     pool = InlinePool()
-    reader = _open_reader(plan.url, plan.names, pool, seed=epoch_seed(plan, epoch, part),
-                          shuffle_row_groups=not plan.stride, shuffle_rows=False,
-                          **shard)
+    reader = _open_reader(plan.url, plan.names, pool, pieces, seed=epoch_seed(plan, epoch, part),
+                          shuffle_row_groups=False, shuffle_rows=False)
     try:
         while True:
             try:
@@ -55,19 +58,47 @@ def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
         reader.join()
 
 
-def _open_reader(url: str, columns: list[str], pool: "InlinePool", **options: Any) -> Any:
+def _open_reader(url: str, columns: list[str], pool: "InlinePool", pieces: list[Piece],
+                 **options: Any) -> Any:
     """A Petastorm batch reader (what ``make_batch_reader`` builds, for plain Parquet) over
-    ``pool``, reading one pass of the dataset; its row groups are taken from the pool."""
+    ``pool``, reading one pass of ``pieces`` in their order; its row groups are taken from
+    the pool."""
     from petastorm.fs_utils import get_filesystem_and_path_or_paths
-    from petastorm.reader import Reader
 
     # Petastorm would urlparse the whole URL, cutting a folder named 'a#b' at the '#': it
     # gets the filesystem's root, and the path as the store names it
     scheme, netloc, _ = split_uri(url)
     filesystem, _ = get_filesystem_and_path_or_paths(f"{scheme}://{netloc}/")
     path = Store.from_uri(url).fs_path(url.rstrip("/"))
-    return Reader(filesystem, path, schema_fields=columns, worker_class=_in_order_worker(),
-                  reader_pool=pool, num_epochs=1, is_batched_reader=True, **options)
+    ranges = {p.group: (p.start, p.stop) for p in pieces}
+    worker = type("PieceWorker", (_in_order_worker(),), {"ranges": ranges})
+    return _piece_reader()(filesystem, path, schema_fields=columns, worker_class=worker,
+                           reader_pool=pool, num_epochs=1, is_batched_reader=True,
+                           cur_shard=0, shard_count=1, groups=[p.group for p in pieces],
+                           **options)
+
+
+@functools.lru_cache(maxsize=1)
+def _piece_reader() -> type:
+    """Petastorm's Reader, sharding by the list of row groups it is given (indexes into its
+    list of the dataset's row groups, which is :func:`list_row_groups`'): the plan's."""
+    from petastorm.reader import Reader
+
+    class PieceReader(Reader):
+        def __init__(self, *args: Any, groups: list[int], **kwargs: Any) -> None:
+            self._groups = groups
+            super().__init__(*args, **kwargs)
+
+        def _partition_row_groups(self, dataset: Any, row_groups: Any, shard_count: Any,
+                                  cur_shard: Any, filtered_row_group_indexes: Any,
+                                  seed: Any) -> list[int]:
+            if self._groups and max(self._groups) >= len(row_groups):
+                raise DataError(f"the dataset has {len(row_groups)} row groups, fewer than "
+                                "when the fit planned it; it changed after it was planned: "
+                                "prepare it again")
+            return list(self._groups)
+
+    return PieceReader
 
 
 @functools.lru_cache(maxsize=1)
@@ -79,8 +110,22 @@ def _in_order_worker() -> type:
     from petastorm.arrow_reader_worker import ArrowReaderWorker
 
     class InOrderWorker(ArrowReaderWorker):
+        ranges: dict[int, tuple[int, int]] = {}  # row group -> its piece's rows
+
+        def process(self, piece_index: int, *args: Any, **kwargs: Any) -> Any:
+            self._piece_index = piece_index
+            return super().process(piece_index, *args, **kwargs)
+
         def _read_with_shuffle_row_drop(self, piece: Any, pq_file: Any, column_names: Any,
                                         shuffle_row_drop_partition: Any) -> Any:
+            table = self._read_in_order(piece, pq_file, column_names,
+                                        shuffle_row_drop_partition)
+            start, stop = self.ranges.get(self._piece_index, (0, table.num_rows))
+            return table if (start, stop) == (0, table.num_rows) else \
+                table.slice(start, stop - start)
+
+        def _read_in_order(self, piece: Any, pq_file: Any, column_names: Any,
+                           shuffle_row_drop_partition: Any) -> Any:
             if self._shuffle_rows or shuffle_row_drop_partition[1] != 1:
                 return super()._read_with_shuffle_row_drop(piece, pq_file, column_names,
                                                            shuffle_row_drop_partition)

@@ -1,24 +1,32 @@
 """Shard plans: which rows each rank reads, and how many steps every rank takes per epoch.
 
-Computed once on the driver from Parquet footers, with Petastorm's shard rule (the i-th
-row group of the dataset, files in path order, belongs to shard ``i % world``), so that
-every rank runs exactly the same number of steps and an allreduce can never wait for a
-rank that ran out of data. Both readers (Petastorm, and ``pyarrow.parquet.ParquetFile`` where
-Petastorm cannot load) follow that rule; :func:`resolve_reader` picks one.
+Computed once on the driver from Parquet footers. Rows, not row groups, are the unit: the
+row groups (files in path order, row groups in file order) are put in an order drawn from
+the seed, and that sequence of rows is cut into ``world`` contiguous runs of equal length
+(±1 row), whatever the row-group sizes, the file count and the world size. A rank's shard is
+a list of :class:`Piece` s, (row group, first row, end row); a row group that straddles two
+ranks is split by row range, so each rank decodes at most two row groups it shares with
+another. Both readers (Petastorm, and ``pyarrow.parquet.ParquetFile`` where Petastorm cannot
+load) read exactly those pieces; :func:`resolve_reader` picks one.
 
-Remainder: each rank uses ``steps_per_epoch * batch_size`` of its rows per epoch; the rest
-of its shard (fewer than a batch, plus any excess over the smallest shard) is skipped for
-that epoch. Row-group order and the shuffle buffer are reseeded every epoch, so different
-rows are skipped each time; none is seen twice within an epoch.
+Every rank runs ``steps_per_epoch`` steps, the same on all (an allreduce never waits for a
+rank that ran out of data), so an epoch trains every row once except the
+``total % (world * batch_size)`` rows left over (fewer than ``world * batch_size``): each
+rank leaves out the rows of its last, partial batch. The rank's piece order and its shuffle
+buffer are reseeded every epoch (by seed, epoch and rank), so different rows are left out
+each time; none is seen twice within an epoch.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import posixpath
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Iterator
 from urllib.parse import urlparse
+
+import numpy as np
 
 from sparkddl.config import READERS
 from sparkddl.data.listing import Listing
@@ -29,16 +37,25 @@ from sparkddl.errors import ConfigError, DataError
 
 log = logging.getLogger(__name__)
 
-# above this share of rows skipped per epoch, every rank reads the whole (small) dataset
-# and keeps every world-th row instead of whole row groups
-MAX_SKIPPED_SHARE = 0.25
-
-
 @dataclass(frozen=True)
 class RowGroup:
     path: str  # path inside the dataset's filesystem
     index: int  # row group number inside the file
     rows: int
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Rows ``start``..``stop`` of the ``group``-th row group of the dataset (counted among
+    the rows its split keeps, in file order)."""
+
+    group: int
+    start: int
+    stop: int
+
+    @property
+    def rows(self) -> int:
+        return self.stop - self.start
 
 
 @dataclass(frozen=True)
@@ -52,11 +69,13 @@ class ShardPlan:
     steps_per_epoch: int
     rows_per_rank: tuple[int, ...]
     row_groups: tuple[int, ...] = ()  # rows per row group of the whole dataset
-    stride: bool = False  # True: every rank reads all row groups, keeps rows i % world == rank
     seed: int = 0
     shuffle_buffer: int = 10_000  # rows; 0 = no in-memory shuffle
     reader_workers: int = 2
     reader_pool: str = "thread"
+    # bytes of decoded pieces a rank keeps after the first epoch (0: none), read again
+    # from memory in later epochs
+    cache_bytes: int = 0
     # the choice as asked, not as resolved: every rank resolves it again for its own Python
     reader: str = "auto"
     # Parquet read in place: the rows of every row group this plan keeps (its side of the
@@ -82,7 +101,21 @@ class ShardPlan:
 
     @property
     def rows_per_epoch(self) -> int:
+        """Rows trained per epoch, by all ranks together."""
         return self.steps_per_epoch * self.batch_size * self.world
+
+    @property
+    def rows(self) -> int:
+        return sum(self.row_groups)
+
+    @property
+    def rows_skipped(self) -> int:
+        """Rows left out of every epoch: fewer than ``world * batch_size``."""
+        return self.rows - self.rows_per_epoch
+
+    def pieces(self, rank: int) -> list[Piece]:
+        """``rank``'s shard, in the plan's order (:func:`shard_pieces`)."""
+        return _pieces(tuple(self.row_groups), self.world, self.seed)[rank]
 
 
 def data_files(filesystem: Any, root: str, listing: Listing | None = None) -> list[Any]:
@@ -163,23 +196,62 @@ def _is_data(root: str, path: str) -> bool:
     return not any(p.startswith(("_", ".")) or p.endswith((".crc", "_$folder$")) for p in parts)
 
 
-def shard_rows(row_group_rows: list[int], world: int) -> list[int]:
-    """Rows per rank under Petastorm's rule: row group i goes to rank i % world."""
-    rows = [0] * world
-    for i, n in enumerate(row_group_rows):
-        rows[i % world] += n
-    return rows
+def group_order(row_group_rows: Any, seed: int) -> list[int]:
+    """The row groups with rows, in the order the ranks' runs are cut from: a permutation
+    drawn from the seed alone (the same every epoch, so each rank keeps its rows and a
+    resumed run reads the same), so that a table sorted by a column is not split by its
+    ranges."""
+    order = np.random.default_rng([seed, 0x5eed]).permutation(len(row_group_rows))
+    return [int(i) for i in order if row_group_rows[i]]
 
 
-def stride_rows(total: int, world: int) -> list[int]:
-    return [len(range(r, total, world)) for r in range(world)]
+def shard_pieces(row_group_rows: Any, world: int, seed: int = 0) -> list[list[Piece]]:
+    """Every rank's pieces: the rows of the row groups in :func:`group_order`, cut into
+    ``world`` runs of ``total // world`` or one more rows (the first ``total % world`` ranks
+    get the extra row). Every row is in exactly one piece of one rank."""
+    rows = [int(n) for n in row_group_rows]
+    total = sum(rows)
+    bounds = [r * (total // world) + min(r, total % world) for r in range(world + 1)]
+    shards: list[list[Piece]] = [[] for _ in range(world)]
+    rank, at = 0, 0  # at: rows of the sequence before the current group
+    for group in group_order(rows, seed):
+        start = 0
+        while start < rows[group]:
+            while at + start >= bounds[rank + 1]:
+                rank += 1
+            stop = min(rows[group], bounds[rank + 1] - at)
+            shards[rank].append(Piece(group, start, stop))
+            start = stop
+        at += rows[group]
+    return shards
 
 
-def sub_shard(plan: ShardPlan, rank: int, part: int, parts: int) -> tuple[int, int]:
-    """(shard, count) of part ``part`` of ``parts`` of ``rank``'s shard: row group i belongs to
-    it when ``i % count == shard``. Shards ``rank + world*k`` of ``world*parts`` for
-    k = 0..parts-1 together hold exactly the row groups of shard ``rank`` of ``world``."""
-    return rank + plan.world * part, plan.world * parts
+@functools.lru_cache(maxsize=16)
+def _pieces(row_group_rows: tuple[int, ...], world: int, seed: int) -> list[list[Piece]]:
+    return shard_pieces(row_group_rows, world, seed)
+
+
+def shard_rows(row_group_rows: Any, world: int) -> list[int]:
+    """Rows per rank: ``total // world``, the first ``total % world`` ranks one more."""
+    total = sum(row_group_rows)
+    return [total // world + (1 if r < total % world else 0) for r in range(world)]
+
+
+def sub_shard(pieces: list[Piece], part: int, parts: int) -> list[Piece]:
+    """Part ``part`` of ``parts`` of a rank's pieces (one per reader thread): every
+    ``parts``-th piece, so that the parts together hold each piece once."""
+    return pieces[part::parts]
+
+
+def piece_order(plan: "ShardPlan", rank: int, epoch: int, part: int, parts: int
+                ) -> list[Piece]:
+    """The pieces of part ``part`` of ``parts`` of ``rank``'s shard in the order an epoch
+    reads them: a permutation drawn from (seed, epoch, rank, part), whichever reader reads
+    them (or memory, :mod:`sparkddl.data.reader`'s epoch cache), so that a resumed run
+    reads the same order."""
+    pieces = sub_shard(plan.pieces(rank), part, parts)
+    order = np.random.default_rng([plan.seed, epoch, rank, part]).permutation(len(pieces))
+    return [pieces[i] for i in order]
 
 
 # what Petastorm opens itself (dbfs:/ only through the mount, which the Store gives as file://)
@@ -281,37 +353,22 @@ def check_enough_rows(rows: int, world: int, batch_size: int) -> None:
                         f"{world} × {batch_size}; lower batchSize or numWorkers, or add data")
 
 
-def needs_stride(row_group_rows: list[int], world: int, batch_size: int) -> bool:
-    """True when whole row groups cannot be shared evenly enough by ``world`` ranks: more
-    than ``MAX_SKIPPED_SHARE`` of the rows would be skipped every epoch."""
-    by_group = shard_rows(row_group_rows, world)
-    used = world * (min(by_group) // batch_size) * batch_size
-    return used < (1 - MAX_SKIPPED_SHARE) * sum(row_group_rows)
-
-
 def plan_shards(url: str, columns: tuple[ColumnSpec, ...], row_group_rows: list[int], world: int,
                 batch_size: int, **options: Any) -> ShardPlan:
-    """Choose row-group sharding (or row striding for datasets with too few or too uneven
-    row groups) and the common number of steps per epoch. ``options`` are the reader
-    fields of :class:`ShardPlan`; its ``reader`` choice is checked here, on the driver."""
+    """Share the rows out by :func:`shard_pieces` and count the steps every rank takes per
+    epoch. ``options`` are the reader fields of :class:`ShardPlan`; its ``reader`` choice is
+    checked here, on the driver."""
     resolve_reader(options.get("reader", "auto"),
                    rows_selected=options.get("selection") is not None, url=url,
                    raw_in_place=raw_in_place(options.get("files"), columns),
                    listed=options.get("listing") is not None)
     total = sum(row_group_rows)
     check_enough_rows(total, world, batch_size)
-    by_group = shard_rows(row_group_rows, world)
-    stride = needs_stride(row_group_rows, world, batch_size)
-    rows = stride_rows(total, world) if stride else by_group
-    if stride:
-        log.warning("%d row group(s) cannot be shared evenly by %d ranks (rows per rank would be "
-                    "%s); every rank reads the whole dataset and keeps its rows i %% %d == rank. "
-                    "Materialize larger datasets through sparkddl, which sizes row groups for "
-                    "the ranks.", len(row_group_rows), world, by_group, world)
+    rows = shard_rows(row_group_rows, world)
     steps = min(rows) // batch_size
     return ShardPlan(url=url, columns=columns, world=world, batch_size=batch_size,
                      steps_per_epoch=steps, rows_per_rank=tuple(rows),
-                     row_groups=tuple(row_group_rows), stride=stride, **options)
+                     row_groups=tuple(row_group_rows), **options)
 
 
 def check_unchanged(filesystem: Any, root: str, files: tuple[tuple[str, int, int], ...],

@@ -1,10 +1,10 @@
 """Executor side: a rank's shard of Parquet -> fixed-size tensor batches.
 
-A source reads the row groups of one sub-shard as Arrow data: Petastorm
+A source reads the pieces (row ranges of row groups) of one sub-shard as Arrow data: Petastorm
 (:mod:`sparkddl.data.petastorm_source`) or ``pyarrow.parquet.ParquetFile``
 (:mod:`sparkddl.data.arrow_source`), chosen by ``plan.reader`` on each rank. Everything
 else happens here, the same for both: reader threads and their round-robin order, decoding,
-striding, the seeded shuffle buffer, exactly ``steps_per_epoch`` batches, and closing.
+the seeded shuffle buffer, exactly ``steps_per_epoch`` batches, and closing.
 """
 from __future__ import annotations
 
@@ -21,15 +21,15 @@ import numpy as np
 from sparkddl.config import POOL_TYPES
 from sparkddl.data import arrow_source, petastorm_source
 from sparkddl.data.batching import Chunk, Rebatcher, decode_arrow, to_tensors
-from sparkddl.data.plan import (ShardPlan, check_unchanged, read_errors, resolve_reader,
-                                unreadable)
+from sparkddl.data.plan import (Piece, ShardPlan, check_unchanged, piece_order, read_errors,
+                                resolve_reader, unreadable)
 from sparkddl.data.transform import Shapes, ahead
 from sparkddl.errors import DataError
 
 log = logging.getLogger(__name__)
 
-# (plan, rank, epoch, part, parts) -> Arrow tables or record batches of that sub-shard's row
-# groups, in its seeded order (file order when striding); closing the generator releases them
+# (plan, rank, epoch, part, parts) -> Arrow tables or record batches of that sub-shard's
+# pieces, in its seeded order; closing the generator releases them
 Source = Callable[[ShardPlan, int, int, int, int], Generator[Any, None, None]]
 SOURCES: dict[str, Source] = {"petastorm": petastorm_source.read_sub_shard,
                               "arrow": arrow_source.read_sub_shard}
@@ -137,27 +137,93 @@ def _batcher(groups: Generator[tuple[Chunk, Any], None, None], rebatcher: Rebatc
 
 def _decoded(source: Source, plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
              ) -> Generator[tuple[Chunk, np.ndarray], None, None]:
-    """Decoded row groups of part ``part`` of ``parts`` of this rank's shard, without
-    per-row Python objects (views of Arrow's buffers where the layout allows), each with
-    the rows to use, in order: a seeded permutation (it depends on the seed, the epoch, the
-    rank, the part and the group's place in the pass), nothing copied yet. Striding, the
-    source yields every row group in file order and this rank keeps, in order, the rows
-    whose position in the dataset is ``rank`` modulo ``world``."""
+    """Decoded pieces of part ``part`` of ``parts`` of this rank's shard, without per-row
+    Python objects (views of Arrow's buffers where the layout allows), each with the rows
+    to use, in order: a seeded permutation (it depends on the seed, the epoch, the rank,
+    the part and the piece's place in the pass), nothing copied yet. With an epoch cache
+    that holds the whole shard, the same pieces in the same order from memory."""
+    cache = epoch_cache(plan, rank)
+    order = piece_order(plan, rank, epoch, part, parts)
+    if cache is not None and cache.complete():
+        for i, piece in enumerate(order):
+            chunk = cache.chunks[piece]
+            n = len(next(iter(chunk.values())))
+            yield chunk, np.random.default_rng([plan.seed, epoch, rank, part, i]).permutation(n)
+        return
     tables = _named_failures(source(plan, rank, epoch, part, parts), plan,
                              f"rank {rank}, epoch {epoch}")
     try:
-        offset = 0
         for i, table in enumerate(tables):
             chunk = {c.name: decode_arrow(c, table.column(c.name)) for c in plan.columns}
-            n = table.num_rows
-            if plan.stride:
-                rows = np.arange((rank - offset) % plan.world, n, plan.world)
-            else:
-                rows = np.random.default_rng([plan.seed, epoch, rank, part, i]).permutation(n)
-            offset += n
+            if cache is not None and i < len(order):
+                cache.add(order[i], chunk)
+            rows = np.random.default_rng([plan.seed, epoch, rank, part, i]).permutation(
+                table.num_rows)
             yield chunk, rows
     finally:
         tables.close()
+
+
+class EpochCache:
+    """A rank's decoded pieces, kept in memory up to ``plan.cache_bytes`` (sources hand one
+    table per piece, in :func:`piece_order`): once it holds them all, later epochs take them
+    from here in the order the readers would have read them. Where the shard does not fit,
+    it is given up (said once) and every epoch reads Parquet."""
+
+    def __init__(self, plan: ShardPlan, rank: int) -> None:
+        self.plan, self.rank = plan, rank
+        self.chunks: dict[Piece, Chunk] = {}
+        self.nbytes = 0
+        self.given_up = False
+        self._lock = threading.Lock()
+        self._wanted = len(plan.pieces(rank))
+
+    def complete(self) -> bool:
+        return not self.given_up and len(self.chunks) == self._wanted
+
+    def add(self, piece: Piece, chunk: Chunk) -> None:
+        with self._lock:
+            if self.given_up or piece in self.chunks:
+                return
+            size = sum(chunk_bytes(v) for v in chunk.values())
+            if self.nbytes + size > self.plan.cache_bytes:
+                self.given_up = True
+                self.chunks.clear()
+                log.info("rank %d: its share of the data does not fit in epochCacheMB=%d "
+                         "(%.0f MiB decoded before it ran out); every epoch reads Parquet",
+                         self.rank, self.plan.cache_bytes >> 20, (self.nbytes + size) / 2**20)
+                self.nbytes = 0
+                return
+            self.chunks[piece] = chunk
+            self.nbytes += size
+
+
+def chunk_bytes(values: np.ndarray) -> int:
+    """Memory a decoded column holds (bytes/str objects counted by their length)."""
+    if values.dtype == object:
+        return values.nbytes + sum(len(v) for v in values)
+    return values.nbytes
+
+
+# this process's epoch caches, by (plan, rank): a task's, dropped when it ends
+# (drop_epoch_caches), since Spark reuses Python workers for later tasks
+_caches: dict[tuple[int, int], EpochCache] = {}
+_caches_lock = threading.Lock()
+
+
+def epoch_cache(plan: ShardPlan, rank: int) -> EpochCache | None:
+    if not plan.cache_bytes:
+        return None
+    with _caches_lock:
+        cache = _caches.get((id(plan), rank))
+        if cache is None or cache.plan is not plan:  # a plan's id is its own while it lives
+            cache = _caches[(id(plan), rank)] = EpochCache(plan, rank)
+        return cache
+
+
+def drop_epoch_caches() -> None:
+    with _caches_lock:
+        _caches.clear()
 
 
 def _check_files(plan: ShardPlan, where: str) -> None:
@@ -190,7 +256,7 @@ def _prefetched(source: Source, plan: ShardPlan, rank: int, epoch: int
                 ) -> Generator[Chunk, None, None]:
     """Row groups read and decoded ahead by ``reader_workers`` threads, one sub-shard each,
     taken round-robin so the order does not depend on thread timing."""
-    parts = reader_threads(plan)
+    parts = reader_threads(plan, rank)
     stop = threading.Event()
     queues = [queue.Queue(queue_depth(plan)) for _ in range(parts)]
     threads = [threading.Thread(
@@ -229,7 +295,7 @@ def usable_cpus() -> int:
 def _in_turn(source: Source, plan: ShardPlan, rank: int, epoch: int
              ) -> Generator[tuple[Chunk, np.ndarray], None, None]:
     """What :func:`_prefetched` yields, in the same order, read in the calling thread."""
-    parts = reader_threads(plan)
+    parts = reader_threads(plan, rank)
     readers = [_decoded(source, plan, rank, epoch, k, parts) for k in range(parts)]
     try:
         live = list(range(parts))
@@ -245,11 +311,10 @@ def _in_turn(source: Source, plan: ShardPlan, rank: int, epoch: int
             r.close()
 
 
-def reader_threads(plan: ShardPlan) -> int:
-    """Reader threads (sub-shards) per rank: every sub-shard must hold a row group, since
-    Petastorm refuses more shards than row groups; one where rows are strided."""
-    return 1 if plan.stride else max(1, min(plan.reader_workers,
-                                            len(plan.row_groups) // plan.world))
+def reader_threads(plan: ShardPlan, rank: int) -> int:
+    """Reader threads (sub-shards) of ``rank``: ``reader_workers``, at most one per piece
+    of its shard."""
+    return max(1, min(plan.reader_workers, len(plan.pieces(rank))))
 
 
 def queue_depth(plan: ShardPlan) -> int:

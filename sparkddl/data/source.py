@@ -15,7 +15,7 @@ from sparkddl.data.dataset import Dataset, PreparedData
 from sparkddl.data.delta import delta_listing
 from sparkddl.data.listing import Listing, hive_listing, partition_names
 from sparkddl.data.plan import (RowGroup, check_enough_rows, data_files, list_row_groups,
-                                needs_stride, parquet_file)
+                                parquet_file)
 from sparkddl.data.schema import ColumnSpec, DataSpec, check_columns, column_spec
 from sparkddl.data.split import (GROUP_SPLIT_MIN, Selection, choose_groups, column_rows,
                                  fraction_rows, relative)
@@ -262,10 +262,10 @@ def file_identity(url: str, listing: Listing | None = None) -> list[tuple[str, i
 
 def prepare_table(url: str, spec: DataSpec, *, num_workers: int, batch_size: int,
                   validation: float | str | None, seed: int, listing: Listing | None = None
-                  ) -> PreparedData | str:
+                  ) -> PreparedData:
     """The Parquet table at ``url`` read in place, split by ``validation`` (a fraction or a
-    boolean/0-1 column of the table) inside its row groups; or, where it is better
-    materialized after all, the reason (its row groups cannot be shared by the ranks)."""
+    boolean/0-1 column of the table) inside its row groups, whatever its layout: the ranks
+    share its rows by row ranges (:func:`sparkddl.data.plan.shard_pieces`)."""
     columns = list(spec.columns) + ([validation] if isinstance(validation, str) and
                                     validation not in spec.columns else [])
     whole = open_parquet(url, DataSpec.of(spec.feature_cols, spec.label_cols,
@@ -301,9 +301,6 @@ def prepare_table(url: str, spec: DataSpec, *, num_workers: int, batch_size: int
     if not train.rows:
         raise DataError(f"the validation split left no training rows out of {whole.rows}")
     check_enough_rows(train.rows, num_workers, batch_size)
-    if needs_stride(train.shared_groups, num_workers, batch_size):
-        return (f"its {len(groups)} row group(s) cannot be shared evenly by {num_workers} "
-                "ranks")
     identity = {"table": files, "columns": [c.to_json() for c in keep],
                 "validation": validation, "seed": seed,
                 "partitions": [listing.columns, listing.values] if listing else None}

@@ -52,7 +52,7 @@ def shard_plan(data: PreparedData, config: TrainConfig, num_workers: int,
     plan = data.train.plan(num_workers, config.batch_size, seed=config.seed,
                            shuffle_buffer=config.shuffle_buffer,
                            reader_workers=config.reader_workers, reader_pool=config.reader_pool,
-                           reader=config.reader)
+                           reader=config.reader, cache_bytes=config.epoch_cache_mb << 20)
     if config.transform_fn is None:
         return plan
     return dataclasses.replace(plan, transform=config.transform_fn,

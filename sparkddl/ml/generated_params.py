@@ -179,6 +179,10 @@ class HasTorchEstimatorParams(HasTorchModelParams, HasSeed):
         Params._dummy(), 'readerWorkers',
         'threads reading Parquet ahead on each worker',
         typeConverter=TypeConverters.toInt)
+    epochCacheMB: Param[int] = Param(
+        Params._dummy(), 'epochCacheMB',
+        'MiB of decoded rows each worker may keep in memory after the first epoch, so that later epochs read no Parquet (where its share does not fit, it reads every epoch); 0 = off',
+        typeConverter=TypeConverters.toInt)
     readerPool: Param[str] = Param(
         Params._dummy(), 'readerPool',
         'how each worker reads ahead: thread (readerWorkers threads) or dummy (inline, no threads) (one of: thread, dummy)',
@@ -287,8 +291,8 @@ class HasTorchEstimatorParams(HasTorchModelParams, HasSeed):
                 validation=None, store='file:///tmp/sparkddl', seed=0, snapshotEvery=1,
                 evaluation='auto', bestBy=None, bestByMode='auto', earlyStoppingPatience=0,
                 finalWeights='best', learningRate=None, metrics=None, shuffleBufferSize=10000,
-                readerWorkers=2, readerPool='thread', reader='auto', useGpu=False, timeout=None,
-                lrScheduler=None, lrSchedulerOptions={}, lrSchedulerInterval='epoch',
+                readerWorkers=2, epochCacheMB=0, readerPool='thread', reader='auto', useGpu=False,
+                timeout=None, lrScheduler=None, lrSchedulerOptions={}, lrSchedulerInterval='epoch',
                 precision='32', backwardPassesPerStep=1, gradientClipNorm=None,
                 gradientClipValue=None, transformFn=None, trainStep=None, onNonFiniteLoss='raise',
                 strategy='allreduce', strategyOptions={}, progress=True, checkpointEvery=1,
@@ -474,6 +478,14 @@ class HasTorchEstimatorParams(HasTorchModelParams, HasSeed):
     def getReaderWorkers(self) -> int:
         """readerWorkers: threads reading Parquet ahead on each worker"""
         return self.getOrDefault(self.readerWorkers)
+
+    def setEpochCacheMB(self, value: int) -> Self:
+        """Sets epochCacheMB: MiB of decoded rows each worker may keep in memory after the first epoch, so that later epochs read no Parquet (where its share does not fit, it reads every epoch); 0 = off"""
+        return self._set(epochCacheMB=value)
+
+    def getEpochCacheMB(self) -> int:
+        """epochCacheMB: MiB of decoded rows each worker may keep in memory after the first epoch, so that later epochs read no Parquet (where its share does not fit, it reads every epoch); 0 = off"""
+        return self.getOrDefault(self.epochCacheMB)
 
     def setReaderPool(self, value: str) -> Self:
         """Sets readerPool: how each worker reads ahead: thread (readerWorkers threads) or dummy (inline, no threads) (one of: thread, dummy)"""
@@ -689,19 +701,20 @@ class TorchEstimatorBase(Estimator, HasTorchEstimatorParams):
             bestBy: str | None = None, bestByMode: str = 'auto', earlyStoppingPatience: int = 0,
             finalWeights: str = 'best', learningRate: float | None = None, metrics: Any = None,
             featureShapes: dict[str, list[int]] = {}, shuffleBufferSize: int = 10000,
-            readerWorkers: int = 2, readerPool: str = 'thread', reader: str = 'auto',
-            useGpu: bool = False, timeout: float | None = None, lrScheduler: Any = None,
-            lrSchedulerOptions: dict[str, Any] = {}, lrSchedulerInterval: str = 'epoch',
-            precision: str = '32', backwardPassesPerStep: int = 1,
-            gradientClipNorm: float | None = None, gradientClipValue: float | None = None,
-            transformFn: Any = None, trainStep: Any = None, onNonFiniteLoss: str = 'raise',
-            strategy: str = 'allreduce', strategyOptions: dict[str, Any] = {},
-            progress: bool = True, checkpointEvery: int = 1, checkpointEverySteps: int = 0,
-            keepCheckpoints: int = 3, maxRestarts: int = 2, minWorkers: int | None = None,
-            slotWaitTimeout: float = 120.0, runId: str | None = None,
-            watchdogTimeout: float | str | None = 'auto', predictionCol: str = 'prediction',
-            probabilityCol: str = 'probability', rawPredictionCol: str = 'rawPrediction',
-            inferenceBatchSize: int = 1024, inferenceDevice: str = 'auto') -> None:
+            readerWorkers: int = 2, epochCacheMB: int = 0, readerPool: str = 'thread',
+            reader: str = 'auto', useGpu: bool = False, timeout: float | None = None,
+            lrScheduler: Any = None, lrSchedulerOptions: dict[str, Any] = {},
+            lrSchedulerInterval: str = 'epoch', precision: str = '32',
+            backwardPassesPerStep: int = 1, gradientClipNorm: float | None = None,
+            gradientClipValue: float | None = None, transformFn: Any = None, trainStep: Any = None,
+            onNonFiniteLoss: str = 'raise', strategy: str = 'allreduce',
+            strategyOptions: dict[str, Any] = {}, progress: bool = True, checkpointEvery: int = 1,
+            checkpointEverySteps: int = 0, keepCheckpoints: int = 3, maxRestarts: int = 2,
+            minWorkers: int | None = None, slotWaitTimeout: float = 120.0,
+            runId: str | None = None, watchdogTimeout: float | str | None = 'auto',
+            predictionCol: str = 'prediction', probabilityCol: str = 'probability',
+            rawPredictionCol: str = 'rawPrediction', inferenceBatchSize: int = 1024,
+            inferenceDevice: str = 'auto') -> None:
         super().__init__()
         self._set(**self._input_kwargs)
 
@@ -715,18 +728,19 @@ class TorchEstimatorBase(Estimator, HasTorchEstimatorParams):
             bestBy: str | None = None, bestByMode: str = 'auto', earlyStoppingPatience: int = 0,
             finalWeights: str = 'best', learningRate: float | None = None, metrics: Any = None,
             featureShapes: dict[str, list[int]] = {}, shuffleBufferSize: int = 10000,
-            readerWorkers: int = 2, readerPool: str = 'thread', reader: str = 'auto',
-            useGpu: bool = False, timeout: float | None = None, lrScheduler: Any = None,
-            lrSchedulerOptions: dict[str, Any] = {}, lrSchedulerInterval: str = 'epoch',
-            precision: str = '32', backwardPassesPerStep: int = 1,
-            gradientClipNorm: float | None = None, gradientClipValue: float | None = None,
-            transformFn: Any = None, trainStep: Any = None, onNonFiniteLoss: str = 'raise',
-            strategy: str = 'allreduce', strategyOptions: dict[str, Any] = {},
-            progress: bool = True, checkpointEvery: int = 1, checkpointEverySteps: int = 0,
-            keepCheckpoints: int = 3, maxRestarts: int = 2, minWorkers: int | None = None,
-            slotWaitTimeout: float = 120.0, runId: str | None = None,
-            watchdogTimeout: float | str | None = 'auto', predictionCol: str = 'prediction',
-            probabilityCol: str = 'probability', rawPredictionCol: str = 'rawPrediction',
-            inferenceBatchSize: int = 1024, inferenceDevice: str = 'auto') -> Self:
+            readerWorkers: int = 2, epochCacheMB: int = 0, readerPool: str = 'thread',
+            reader: str = 'auto', useGpu: bool = False, timeout: float | None = None,
+            lrScheduler: Any = None, lrSchedulerOptions: dict[str, Any] = {},
+            lrSchedulerInterval: str = 'epoch', precision: str = '32',
+            backwardPassesPerStep: int = 1, gradientClipNorm: float | None = None,
+            gradientClipValue: float | None = None, transformFn: Any = None, trainStep: Any = None,
+            onNonFiniteLoss: str = 'raise', strategy: str = 'allreduce',
+            strategyOptions: dict[str, Any] = {}, progress: bool = True, checkpointEvery: int = 1,
+            checkpointEverySteps: int = 0, keepCheckpoints: int = 3, maxRestarts: int = 2,
+            minWorkers: int | None = None, slotWaitTimeout: float = 120.0,
+            runId: str | None = None, watchdogTimeout: float | str | None = 'auto',
+            predictionCol: str = 'prediction', probabilityCol: str = 'probability',
+            rawPredictionCol: str = 'rawPrediction', inferenceBatchSize: int = 1024,
+            inferenceDevice: str = 'auto') -> Self:
         """Sets the given Params; the others keep their values."""
         return self._set(**self._input_kwargs)

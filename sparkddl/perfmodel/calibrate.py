@@ -117,7 +117,7 @@ def _footprint(spec: TrainSpec, dev: Any, inputs: list[Any], label: Any, runtime
            "activation_bytes": acts,
            "step_growth_bytes": grown, "device": dev.type,
            "checkpoint_every": spec.config.checkpoint_every,
-           "reader_bytes": reader_threads(plan) * (queue_depth(plan) + 1) * group_bytes
+           "reader_bytes": reader_threads(plan, 0) * (queue_depth(plan) + 1) * group_bytes
            + (AHEAD + 2) * plan.batch_size * row_bytes,
            # fsdp's units at its default min_params (other values fall back to one unit)
            "fsdp_units": {str(m): memory.unit_bytes(module, m)

@@ -100,6 +100,14 @@ class _Run:
 
 
 def train(spec: TrainSpec) -> dict[str, Any]:
+    from sparkddl.data.reader import drop_epoch_caches
+    try:
+        return _train(spec)
+    finally:  # the epoch cache's memory: Spark's next task in this Python worker is another
+        drop_epoch_caches()
+
+
+def _train(spec: TrainSpec) -> dict[str, Any]:
     import torch.distributed as dist
 
     import torch
@@ -196,6 +204,8 @@ def _epoch(run: _Run, epoch: int) -> tuple[dict[str, Any], bool]:
            "lr": lr,
            "samples_per_sec": sums[1].item() * (1 - skip / spec.plan.steps_per_epoch) / elapsed,
            "epoch_time_s": elapsed, "data_wait_s": batches.wait_s, **comm, "attempt": ctx.attempt,
+           # the epoch's rows (over all its attempts) and those its last partial batches left
+           "rows_trained": spec.plan.rows_per_epoch, "rows_skipped": spec.plan.rows_skipped,
            "world_size": ctx.world_size,
            "peak_rss_MB": rss.peak_rss_bytes() / 1e6}
     if spec.config.on_non_finite_loss == "skip_batch":

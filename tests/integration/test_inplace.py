@@ -75,7 +75,7 @@ def test_a_parquet_table_is_read_in_place_and_split_inside_row_groups(spark_loca
     assert prepared.label_range("y") == (0, 2)  # from the footers' statistics
     # the two ranks read every training row exactly once per epoch (the Arrow reader)
     plan = prepared.train.plan(2, 16, seed=1)
-    assert plan.selection is not None and not plan.stride
+    assert plan.selection is not None
     epochs = sparkddl.run(ids_per_epoch, plan, 2, num_workers=2, spark=spark_local, timeout=120)
     used = plan.steps_per_epoch * 16 * 2
     for ids in epochs:

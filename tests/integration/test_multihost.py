@@ -118,6 +118,10 @@ def test_a_lost_host_is_found_in_seconds_the_fit_goes_on_with_fewer_ranks_and_gr
     assert {worlds[e] for e in range(shrink["resumed_from_epoch"] + 1,
                                      grow["resumed_from_epoch"] + 1)} == {1}
     assert {worlds[e] for e in range(grow["resumed_from_epoch"] + 1, 21)} == {2}
+    # every epoch, at either world size, trains every row once but fewer than one global
+    # batch (64 rows: 2 x 32, or 1 x 64 once shrunk)
+    assert len({r["rows_trained"] + r["rows_skipped"] for r in history}) == 1
+    assert all(0 <= r["rows_skipped"] < 64 for r in history)
     assert out["accuracy"] >= 0.85
 
 

@@ -89,7 +89,8 @@ def main(mode: str, master: str, store: str) -> dict:
         if mode == "heal":  # host 1 comes back while the driver waits for its slot
             params.update(minWorkers=1, epochs=8, slotWaitTimeout=120.0)
         model = estimator(store, **params).fit(df)
-        return {"history": [{k: r.get(k) for k in ("epoch", "attempt", "world_size")}
+        return {"history": [{k: r.get(k) for k in ("epoch", "attempt", "world_size",
+                                                   "rows_trained", "rows_skipped")}
                             for r in model.history],
                 "restarts": model.restarts, "steps_per_rank": model.steps_per_rank,
                 "accuracy": accuracy(model.transform(df))}

@@ -61,9 +61,12 @@ def test_a_part_file_deleted_under_the_fit_is_named_on_the_rank(table, tmp_path,
     plan = data.train.plan(2, 10, reader=reader, reader_workers=1, reader_pool="dummy",
                            shuffle_buffer=0)
     batches = epoch_batches(plan, 0, 1)
-    reading = int(next(batches)["y"][0]) // 100 if when == "during the epoch" else 0
-    # every file holds one of rank 0's row groups: take one it has not read yet
-    gone = table / f"part-{(reading + 5) % FILES:05d}.parquet"
+    reading = int(next(batches)["y"][0]) // 100 if when == "during the epoch" else -1
+    # a file of rank 0's pieces (row groups of 50 rows, 2 per file) it is not reading: with
+    # no shuffle buffer and one reader thread it has read one piece so far
+    files = sorted({p.group // 2 for p in plan.pieces(0)} - {reading})
+    assert len(files) >= 2
+    gone = table / f"part-{files[0]:05d}.parquet"
     gone.rename(tmp_path / "elsewhere.parquet")
     with pytest.raises(DataError) as info:
         list(batches)

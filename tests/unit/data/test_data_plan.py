@@ -8,7 +8,7 @@ import pytest
 from pyarrow import fs as pafs
 
 from sparkddl.data.batching import Rebatcher, decode_arrow
-from sparkddl.data.plan import list_row_groups, plan_shards, shard_rows
+from sparkddl.data.plan import list_row_groups, plan_shards, shard_pieces, shard_rows
 from sparkddl.data.schema import ColumnSpec, DataSpec, check_columns, column_spec
 from sparkddl.errors import DataError
 from tests.stacks import needs_petastorm
@@ -16,28 +16,65 @@ from tests.stacks import needs_petastorm
 COLS = (ColumnSpec("x", "feature", "scalar", "float32"),)
 
 
-def test_petastorm_rule_assigns_row_groups_round_robin():
-    assert shard_rows([10, 20, 30, 40, 50], 2) == [90, 60]
-    assert shard_rows([10, 20, 30], 3) == [10, 20, 30]
+def test_rows_are_shared_equally_to_a_row():
+    assert shard_rows([10, 20, 30, 40, 50], 2) == [75, 75]
+    assert shard_rows([10, 20, 30], 4) == [15, 15, 15, 15]
+    assert shard_rows([10, 20, 31], 3) == [21, 20, 20]
 
 
 def test_equal_steps_for_uneven_row_groups():
     plan = plan_shards("u", COLS, [64, 50, 64, 64, 20], world=2, batch_size=16)
-    assert plan.rows_per_rank == (148, 114) and not plan.stride
-    assert plan.steps_per_epoch == 114 // 16  # the smallest shard decides, for every rank
+    assert plan.rows_per_rank == (131, 131)
+    assert plan.steps_per_epoch == 131 // 16
+    assert plan.rows_per_epoch == 256 and plan.rows_skipped == 262 - 256
 
 
-def test_too_few_row_groups_switch_to_striding():
-    plan = plan_shards("u", COLS, [1000], world=2, batch_size=10)
-    assert plan.stride and plan.rows_per_rank == (500, 500) and plan.steps_per_epoch == 50
-    three = plan_shards("u", COLS, [400, 400, 400], world=2, batch_size=10)
-    # row groups would give ranks 800 and 400 rows: a third of the data skipped each epoch
-    assert three.stride and three.steps_per_epoch == 60
+# row groups as writers leave them (Spark: one full group + a remainder per file; skewed
+# partitions; fewer groups than ranks; a single file), and world sizes of real clusters
+PLANNER_LAYOUTS = [[15870, 9130] * 8, [15870, 9130] * 2, [100_000, 1000, 10, 3, 50_000],
+                   [200_000], [0, 7, 0, 13], [33] * 350 + [12, 0, 5], [1] * 40]
 
 
-def test_balanced_row_groups_keep_sharding():
-    plan = plan_shards("u", COLS, [100] * 8, world=2, batch_size=32)
-    assert not plan.stride and plan.steps_per_epoch == 12
+@pytest.mark.parametrize("world", [1, 2, 3, 4, 5, 8, 16])
+@pytest.mark.parametrize("layout", range(len(PLANNER_LAYOUTS)))
+def test_any_layout_any_world_every_row_in_one_piece(layout, world):
+    groups = PLANNER_LAYOUTS[layout]
+    total = sum(groups)
+    shards = shard_pieces(groups, world, seed=layout)
+    assert [sum(p.rows for p in s) for s in shards] == shard_rows(groups, world)
+    assert max(shard_rows(groups, world)) - min(shard_rows(groups, world)) <= 1
+    owner: dict[tuple[int, int], int] = {}
+    for rank, pieces in enumerate(shards):
+        shared = 0
+        for p in pieces:
+            assert 0 <= p.start < p.stop <= groups[p.group]
+            if p.rows < groups[p.group]:
+                shared += 1
+            for row in (p.start, p.stop - 1):  # ranges: their ends are enough with the sum
+                assert owner.setdefault((p.group, row), rank) == rank
+        assert shared <= 2  # a rank decodes at most two row groups another rank reads too
+    assert sum(p.rows for s in shards for p in s) == total
+    # pieces of one row group never overlap: sorted by start, each starts where one ended
+    by_group: dict[int, list] = {}
+    for s in shards:
+        for p in s:
+            by_group.setdefault(p.group, []).append(p)
+    for g, ps in by_group.items():
+        ps.sort(key=lambda p: p.start)
+        assert ps[0].start == 0 and ps[-1].stop == groups[g]
+        assert all(a.stop == b.start for a, b in zip(ps, ps[1:]))
+    plan = plan_shards("u", COLS, groups, world=world, batch_size=1)
+    assert plan.rows_skipped == total % world  # the ranks with one row more leave it out
+    assert plan.rows_per_epoch == total - total % world
+
+
+def test_the_order_of_row_groups_is_seeded_not_the_file_order():
+    """A table sorted by a column (a label) would give each rank one range of it."""
+    groups = [10] * 20
+    first = [p.group for p in shard_pieces(groups, 2, seed=0)[0]]
+    assert sorted(first) != list(range(10))  # not the first half of the files
+    assert first == [p.group for p in shard_pieces(groups, 2, seed=0)[0]]  # deterministic
+    assert first != [p.group for p in shard_pieces(groups, 2, seed=1)[0]]
 
 
 def test_fewer_rows_than_one_global_batch_is_a_data_error():

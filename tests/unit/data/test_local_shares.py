@@ -1,5 +1,6 @@
-"""The driver's streamed reads, and a rank's share of a validation split: row group i goes to
-rank i % world, every row to exactly one rank, in batches of exactly the size asked."""
+"""The driver's streamed reads, and a rank's share of a validation split: the training
+shards' row ranges (equal to a row), every row to exactly one rank, in batches of exactly
+the size asked."""
 from __future__ import annotations
 
 import numpy as np
@@ -9,6 +10,7 @@ import pytest
 
 from sparkddl.data.dataset import Dataset
 from sparkddl.data.local import batches, validation_batches
+from sparkddl.data.plan import shard_pieces
 from sparkddl.data.schema import ColumnSpec
 
 COLUMNS = (ColumnSpec("id", "extra", "scalar", "int64"),
@@ -34,12 +36,15 @@ def test_every_row_in_exactly_one_ranks_share(dataset, world):
               for r in range(world)]
     assert sorted(np.concatenate(shares).tolist()) == list(range(75))
     bounds = np.cumsum([0, 7, 30, 1, 12, 25])
-    for r, ids in enumerate(shares):  # row group g (ids bounds[g]..) belongs to rank g % world
-        groups = {int(np.searchsorted(bounds, i, side="right")) - 1 for i in ids.tolist()}
-        assert groups == {g for g in range(5) if g % world == r}
+    pieces = shard_pieces(dataset.row_groups, world)
+    for r, ids in enumerate(shares):  # rank r: the rows of its pieces, 75 // world (+1)
+        assert len(ids) in (75 // world, 75 // world + 1)
+        assert sorted(ids.tolist()) == sorted(
+            i for p in pieces[r] for i in range(bounds[p.group] + p.start,
+                                                bounds[p.group] + p.stop))
 
 
 def test_validation_batches_are_tensors_of_the_size_asked(dataset):
     out = list(validation_batches(dataset, None, (), "here", 1, 2, size=10))
-    assert [len(b["id"]) for b in out] == [10, 10, 10, 10, 2]  # 42 rows: groups 1 and 3
+    assert [len(b["id"]) for b in out] == [10, 10, 10, 7]  # 37 of 75 rows for rank 1 of 2
     assert all(b["x"].dtype.is_floating_point for b in out)

@@ -1,7 +1,7 @@
 """One contract, both readers: Petastorm and pyarrow's ParquetFile read shards the same way.
 
-Parquet written with pyarrow, no Spark. Row ids encode where a row lives: row ``id`` is in
-global row group ``id // GROUP`` (files in path order), so the shard rule can be checked.
+Parquet written with pyarrow, no Spark. Row ids count up through the files in path order,
+so the row ranges each rank reads can be checked against the plan's pieces.
 """
 from __future__ import annotations
 
@@ -73,13 +73,13 @@ def _ids(plan: ShardPlan, rank: int, epoch: int) -> list[int]:
 
 @pytest.mark.parametrize("pool", ["thread", "dummy"])
 @pytest.mark.parametrize("reader", READERS)
-def test_every_row_once_per_epoch_in_its_ranks_row_groups(dataset, reader, pool):
+def test_every_row_once_per_epoch_in_its_ranks_pieces(dataset, reader, pool):
     plan = _plan(dataset, seed=3, reader=reader, reader_pool=pool)
-    assert plan.steps_per_epoch == 16 and not plan.stride  # 256 rows per rank, none skipped
+    assert plan.steps_per_epoch == 16  # 256 rows per rank, none skipped
     for epoch in range(2):
         by_rank = [_ids(plan, rank, epoch) for rank in range(2)]
         for rank, ids in enumerate(by_rank):
-            assert {(i // GROUP) % 2 for i in ids} == {rank}  # row group g -> rank g % world
+            assert sorted(ids) == _planned(plan, rank)  # its pieces' rows, no other's
         everyone = by_rank[0] + by_rank[1]
         assert len(everyone) == 512 and sum(everyone) == 511 * 512 // 2
         assert sorted(everyone) == list(range(512))
@@ -100,7 +100,7 @@ def test_order_is_reseeded_each_epoch_and_repeatable(dataset, reader, shuffle_bu
 def test_exact_steps_of_fixed_size_batches_with_dtypes_and_shapes(tmp_path, reader):
     url = _write(tmp_path, [[50, 50, 50, 50, 50, 50], [50, 50, 50, 30]])  # 250 vs 230 rows
     plan = _plan(url, reader=reader)
-    assert plan.steps_per_epoch == 230 // 16 and not plan.stride
+    assert plan.steps_per_epoch == 240 // 16  # 480 rows, 240 per rank whatever the files
     batches = list(epoch_batches(plan, 0, 0))
     assert len(batches) == plan.steps_per_epoch
     want = {"id": (torch.int64, ()), "x": (torch.float32, ()), "img": (torch.float32, (2, 3)),
@@ -116,16 +116,36 @@ def test_exact_steps_of_fixed_size_batches_with_dtypes_and_shapes(tmp_path, read
     assert b["label"].tolist() == (b["id"] % 10).tolist()
 
 
-@pytest.mark.parametrize("groups", [1, 3])
+def _planned(plan: ShardPlan, rank: int) -> list[int]:
+    """The ids of ``rank``'s pieces, sorted: ids count up through the row groups."""
+    starts = np.concatenate([[0], np.cumsum(plan.row_groups)])
+    return sorted(i for p in plan.pieces(rank)
+                  for i in range(starts[p.group] + p.start, starts[p.group] + p.stop))
+
+
+# layouts Spark and other writers leave: one full row group + a remainder per file, fewer
+# row groups than ranks, skewed files, one file of one row group
+LAYOUTS = {"full+remainder": [[150, 86]] * 3, "fewer groups than ranks": [[400], [391]],
+           "skewed": [[700, 50], [9], [31, 3]], "one group": [[797]]}
+
+
+@pytest.mark.parametrize("world", [2, 3, 4])
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
 @pytest.mark.parametrize("reader", READERS)
-def test_striding_when_row_groups_cannot_be_shared(tmp_path, reader, groups):
-    url = _write(tmp_path, [[400] * groups])
-    plan = _plan(url, batch_size=10, reader=reader)
-    assert plan.stride and plan.steps_per_epoch == groups * 20
+def test_any_layout_is_shared_by_row_ranges_every_row_once(tmp_path, reader, layout, world):
+    url = _write(tmp_path, LAYOUTS[layout])
+    plan = _plan(url, world=world, batch_size=10, reader=reader, reader_workers=2, seed=1)
+    total = sum(map(sum, LAYOUTS[layout]))
+    assert max(plan.rows_per_rank) - min(plan.rows_per_rank) <= 1
+    assert plan.steps_per_epoch == total // world // 10
+    assert 0 <= plan.rows_skipped == total - plan.rows_per_epoch < world * 10
     for epoch in range(2):
-        by_rank = [_ids(plan, rank, epoch) for rank in range(2)]
+        by_rank = [_ids(plan, rank, epoch) for rank in range(world)]
         for rank, ids in enumerate(by_rank):
-            assert sorted(ids) == list(range(rank, 400 * groups, 2))  # position % world == rank
+            assert len(ids) == plan.steps_per_epoch * 10 == len(set(ids))
+            assert set(ids) <= set(_planned(plan, rank))  # no rank reads another's rows
+        seen = [i for ids in by_rank for i in ids]
+        assert len(seen) == len(set(seen)) == total - plan.rows_skipped  # each row once
 
 
 @pytest.mark.parametrize("reader", READERS)
@@ -242,7 +262,7 @@ def test_a_rank_on_one_cpu_reads_the_same_order_without_threads(dataset, reader,
     CPU the training thread reads the same sub-shards in turn, so the order does not depend
     on where the rank runs (a resumed run skips the steps it did)."""
     plan = _plan(dataset, seed=7, reader=reader, reader_workers=2, shuffle_buffer=50)
-    assert reader_module.reader_threads(plan) == 2
+    assert reader_module.reader_threads(plan, 1) == 2
     threaded = _ids(plan, 1, 0)
     monkeypatch.setattr(reader_module, "usable_cpus", lambda: 1)
     before = set(threading.enumerate())
@@ -251,3 +271,35 @@ def test_a_rank_on_one_cpu_reads_the_same_order_without_threads(dataset, reader,
     assert set(threading.enumerate()) - before == set()  # nothing started
     rest = [b["id"] for b in batches]
     assert torch.cat([first["id"], *rest]).tolist() == threaded
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_the_epoch_cache_reads_parquet_once_and_keeps_the_order(dataset, reader, monkeypatch):
+    """epochCacheMB: after an epoch that read a rank's whole shard, later epochs read no
+    Parquet and hand over exactly the rows, in exactly the order, that reading would (a
+    resumed run, whose cache is empty, reads the same); a budget the shard does not fit in
+    gives the cache up and reads every epoch."""
+    plain = _plan(dataset, seed=9, reader=reader, reader_workers=2, shuffle_buffer=40)
+    want = {(rank, epoch): _ids(plain, rank, epoch) for rank in range(2) for epoch in range(3)}
+    calls = []
+    source = reader_module.SOURCES[reader]
+
+    def counting(*args):
+        calls.append(args[1:3])  # (rank, epoch)
+        yield from source(*args)
+    monkeypatch.setitem(reader_module.SOURCES, reader, counting)
+    try:
+        for budget, reads_later in ((1 << 30, False), (4 << 10, True)):
+            cached = dataclasses.replace(plain, cache_bytes=budget)
+            calls.clear()
+            for epoch in range(3):
+                for rank in range(2):
+                    assert _ids(cached, rank, epoch) == want[rank, epoch]
+            assert {e for _, e in calls} == ({0, 1, 2} if reads_later else {0})
+            caches = [reader_module.epoch_cache(cached, rank) for rank in range(2)]
+            assert all(c.given_up == reads_later for c in caches)
+            if not reads_later:  # every row of the shard, decoded once
+                assert sum(len(c["id"]) for c in caches[0].chunks.values()) == 256
+            reader_module.drop_epoch_caches()
+    finally:
+        reader_module.drop_epoch_caches()

@@ -45,8 +45,9 @@ def test_empty_files_count_in_the_plan_as_the_readers_count_them(with_empty_file
     dataset = open_parquet(with_empty_file, SPEC)
     assert dataset.row_groups == (20, 30, 0, 30, 20)
     plan = dataset.plan(2, 10, reader=reader)
-    # the empty row group moves the last two to the other rank: without it, 50 rows each
-    assert plan.rows_per_rank == (40, 60) and not plan.stride and plan.steps_per_epoch == 4
+    # rows are shared, not row groups: the empty one holds none of them
+    assert plan.rows_per_rank == (50, 50) and plan.steps_per_epoch == 5
+    assert all(p.group != 2 for r in range(2) for p in plan.pieces(r))
     ids = []
     for rank in range(2):
         batches = list(epoch_batches(plan, rank, 0))

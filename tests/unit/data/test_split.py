@@ -58,11 +58,14 @@ def test_a_split_that_selects_nothing_is_refused(tmp_path):
                       seed=0)
 
 
-def test_tables_whose_row_groups_cannot_be_shared_are_left_to_materialization(tmp_path):
+def test_a_table_of_one_row_group_is_shared_by_row_ranges_in_place(tmp_path):
     url = table_dir(tmp_path, files=1, rows=900, group=900)  # one row group for two ranks
-    why = prepare_table(url, DataSpec.of("x"), num_workers=2, batch_size=8, validation=None,
-                        seed=0)
-    assert why == "its 1 row group(s) cannot be shared evenly by 2 ranks"
+    data = prepare_table(url, DataSpec.of("x"), num_workers=2, batch_size=8, validation=None,
+                         seed=0)
+    assert data.in_place
+    plan = data.train.plan(2, 8)
+    assert [[(p.group, p.start, p.stop) for p in plan.pieces(r)] for r in range(2)] == \
+        [[(0, 0, 450)], [(0, 450, 900)]]
 
 
 def test_changed_added_and_removed_files_are_named(tmp_path):
@@ -156,7 +159,9 @@ def test_ranks_read_only_their_sides_whole_row_groups(tmp_path, monkeypatch):
     monkeypatch.setattr(pq.ParquetFile, "read_row_group", recording)
     ids = torch.cat([b["id"] for r in range(2) for b in epoch_batches(plan, r, 0)]).tolist()
     train_groups = sum(1 for r in data.train.row_groups if r)
-    assert len(read) == train_groups  # each training group once, no validation group
+    # each training group once, no validation group; the one the two ranks share, twice
+    shared = {p.group for p in plan.pieces(0)} & {p.group for p in plan.pieces(1)}
+    assert len(shared) <= 1 and len(read) == train_groups + len(shared)
     val_groups = {i for i, r in enumerate(data.val.row_groups) if r}
     assert not {i // 100 for i in ids} & val_groups
     assert len(ids) == len(set(ids)) >= 0.9 * data.train.rows  # equal steps drop a few

@@ -39,7 +39,7 @@ def test_every_param_reaches_the_training_config():
                "strategyOptions": {"period": 2}, "snapshotEvery": 2, "bestBy": "val_loss",
                "bestByMode": "min", "earlyStoppingPatience": 4, "finalWeights": "last",
                "learningRate": 0.1, "seed": 9, "shuffleBufferSize": 5, "readerWorkers": 4,
-               "readerPool": "dummy", "reader": "arrow", "useGpu": True, "timeout": 60,
+               "readerPool": "dummy", "reader": "arrow", "epochCacheMB": 64, "useGpu": True, "timeout": 60,
                "progress": False, "checkpointEvery": 2, "checkpointEverySteps": 10,
                "keepCheckpoints": 5, "maxRestarts": 0, "runId": "r1", "watchdogTimeout": 30.0,
                "featuresCol": "f", "labelCol": "y", "metrics": ["mse"],

@@ -1,0 +1,148 @@
+"""An epoch is every row once, on any table layout and any number of ranks, read in place.
+
+Tables written by Spark itself in the layouts writers leave (one full row group and a
+remainder per file, one row group per file, fewer files than ranks, skewed files,
+partition folders, a single file), fitted at 1-4 ranks: nothing is copied, every rank reads
+the same number of rows (±1) and takes the same steps, and the row ids the ranks read in an
+epoch are every row once but the fewer than ``world × batch`` left over."""
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+import sparkddl
+from sparkddl import TorchEstimator
+from sparkddl.data import DataSpec, epoch_batches, prepare
+from tests.conftest import spark_session
+from tests.integration.test_data import ids_per_epoch
+
+ROWS, BATCH = 3000, 16
+SPEC = DataSpec.of("x", "y", extra="id")
+
+
+def _frame(spark, rows: int = ROWS):
+    return spark.range(rows).selectExpr(
+        "id", "array(cast(id as float), cast(id % 7 as float)) as x", "cast(id % 3 as int) as y",
+        "cast(id % 4 as int) as part", "if(id < 2400, 0, id % 5) as skew")
+
+
+# name -> how Spark writes the table
+LAYOUTS = {
+    # parquet.block.size below the file's size: one full row group and a remainder per file
+    "full+remainder": lambda df, path: df.repartition(3).write.option(
+        "parquet.block.size", 24 << 10).parquet(path),
+    "one group per file": lambda df, path: df.repartition(8).write.parquet(path),
+    "fewer files than ranks": lambda df, path: df.repartition(2).write.parquet(path),
+    "skewed files": lambda df, path: df.repartition(4, "skew").write.parquet(path),
+    "partition folders": lambda df, path: df.repartition(2).write.partitionBy("part")
+    .parquet(path),
+    "single file": lambda df, path: df.coalesce(1).write.parquet(path),
+}
+
+
+@pytest.fixture
+def tables(spark_local, tmp_path_factory):
+    return _tables(spark_local, tmp_path_factory)
+
+
+@pytest.fixture
+def spark_local4():
+    """local[4], for 3 ranks (2 cores here): ordered before the local[2] tests (conftest's
+    order), so that it costs one session start."""
+    return spark_session("local[4]")
+
+
+_written: dict = {}
+
+
+def _tables(spark, tmp_path_factory) -> dict[str, str]:
+    """Each layout written once per test run (the local[2] tests and the local[4] ones
+    share them)."""
+    if _written:
+        return _written
+    root = tmp_path_factory.mktemp("layouts")
+    for name, write in LAYOUTS.items():
+        path = str(root / name.replace(" ", "_").replace("+", "_"))
+        write(_frame(spark), path)
+        _written[name] = path
+    return _written
+
+
+def _groups(prepared) -> list[int]:
+    return list(prepared.train.row_groups)
+
+
+def _epoch_ids(plan, world: int, epoch: int) -> list[list[int]]:
+    return [torch.cat([b["id"] for b in epoch_batches(plan, rank, epoch)]).tolist()
+            for rank in range(world)]
+
+
+@pytest.mark.timeout(300)
+def test_every_layout_at_every_world_size_is_read_in_place_every_row_once(spark_local, tables,
+                                                                         tmp_path):
+    spark = spark_local
+    seen_layouts = {}
+    for name, path in tables.items():
+        df = spark.read.parquet(path)
+        for world in (1, 2, 3, 4):
+            prepared = prepare(df.select("x", "y", "id"), SPEC, num_workers=world,
+                               batch_size=BATCH, store=str(tmp_path / "store"))
+            assert prepared.in_place, (name, world)  # no copy because of the layout
+            plan = prepared.train.plan(world, BATCH, seed=world, reader_workers=2)
+            assert sum(plan.rows_per_rank) == ROWS
+            assert max(plan.rows_per_rank) - min(plan.rows_per_rank) <= 1
+            assert plan.steps_per_epoch == ROWS // world // BATCH
+            assert plan.rows_skipped == ROWS % (world * BATCH) < world * BATCH
+            for epoch in (0, 1):
+                by_rank = _epoch_ids(plan, world, epoch)
+                assert [len(ids) for ids in by_rank] == [plan.steps_per_epoch * BATCH] * world
+                everyone = [i for ids in by_rank for i in ids]
+                assert len(everyone) == len(set(everyone)) == ROWS - plan.rows_skipped
+                assert set(everyone) <= set(range(ROWS))
+            seen_layouts[name] = _groups(prepared)
+    assert not os.path.exists(tmp_path / "store" / "data")  # nothing was materialized
+    # the layouts are what they are named for
+    full = seen_layouts["full+remainder"]  # [762, 238] * 3 with parquet-mr 1.13
+    assert len(full) > 3 and len(set(full)) > 1
+    assert len(seen_layouts["fewer files than ranks"]) == 2
+    skewed = sorted(seen_layouts["skewed files"])
+    assert skewed[-1] > 3 * skewed[0] and len(seen_layouts["single file"]) == 1
+    assert len(seen_layouts["partition folders"]) >= 4
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("reader", ["auto", "arrow"])
+def test_three_ranks_share_two_files_exactly_in_a_real_run(spark_local4, tmp_path_factory,
+                                                          tmp_path, reader):
+    """Real ranks (3 of them on local[4]), through Petastorm where it loads and through the
+    Arrow reader: the ids gathered from all ranks are every row once but the few left over,
+    and a second epoch reads the same rows in another order."""
+    spark = spark_local4
+    df = spark.read.parquet(_tables(spark, tmp_path_factory)["fewer files than ranks"]).select("x", "y", "id")
+    prepared = prepare(df, SPEC, num_workers=3, batch_size=BATCH, store=str(tmp_path / "s"))
+    assert prepared.in_place and len(prepared.train.row_groups) == 2
+    plan = prepared.train.plan(3, BATCH, seed=5, reader=reader)
+    epochs = sparkddl.run(ids_per_epoch, plan, 2, num_workers=3, spark=spark, timeout=120)
+    for ids in epochs:
+        assert len(ids) == len(set(ids)) == ROWS - plan.rows_skipped == 2976
+    assert epochs[0] != epochs[1]
+
+
+@pytest.mark.timeout(300)
+def test_a_fit_on_skewed_files_at_three_ranks_trains_every_row_and_says_so(spark_local4,
+                                                                          tmp_path_factory,
+                                                                          tmp_path):
+    """The layout that was copied and trained 87.7 % of its rows per epoch: read in place,
+    every epoch's history says how many rows it trained and left out."""
+    spark = spark_local4
+    df = spark.read.parquet(_tables(spark, tmp_path_factory)["skewed files"]).select("x", "y")
+    store = tmp_path / "store"
+    model = TorchEstimator(model=torch.nn.Linear(2, 3), optimizer="adam",
+                           loss="cross_entropy", featuresCol="x", labelCol="y",
+                           batchSize=BATCH, epochs=2, numWorkers=3, store=str(store),
+                           progress=False).fit(df)
+    assert not os.path.exists(store / "data")
+    assert [(r["rows_trained"], r["rows_skipped"]) for r in model.history] == \
+        [(ROWS - ROWS % (3 * BATCH), ROWS % (3 * BATCH))] * 2
