@@ -129,10 +129,14 @@ class Rebatcher:
 
     MAX_LIVE = 3
 
-    def __init__(self, batch_size: int, buffer_rows: int, rng: np.random.Generator):
+    def __init__(self, batch_size: int, buffer_rows: int, rng: np.random.Generator,
+                 private: bool = False):
         self.batch_size = batch_size
         self.buffer_rows = buffer_rows
         self.rng = rng
+        # batches never share memory with the chunks (the epoch cache's, which later
+        # epochs hand over again): no view, and arrays of rows (ragged columns) copied
+        self.private = private
         self._chunks: dict[int, Chunk] = {}
         self._next = 0
         self._cid = np.empty(0, dtype=np.int64)  # pending rows: their chunk...
@@ -174,9 +178,21 @@ class Rebatcher:
         self._release()
 
     def _gather(self, cid: np.ndarray, row: np.ndarray) -> Chunk:
+        out = self._gathered(cid, row)
+        if self.private:
+            for k, v in out.items():
+                if v.dtype == object:  # ragged rows: arrays of their own
+                    rows = np.empty(len(v), dtype=object)
+                    rows[:] = [x.copy() if isinstance(x, np.ndarray) else x for x in v]
+                    out[k] = rows
+        return out
+
+    def _gathered(self, cid: np.ndarray, row: np.ndarray) -> Chunk:
         if cid[0] == cid[-1] and (cid == cid[0]).all():
             src = self._chunks[int(cid[0])]
             if row[-1] - row[0] == len(row) - 1 and (np.diff(row) == 1).all():
+                if self.private:
+                    return {k: v[row[0]:row[-1] + 1].copy() for k, v in src.items()}
                 return {k: v[row[0]:row[-1] + 1] for k, v in src.items()}  # a view
             return {k: v.take(row, axis=0) for k, v in src.items()}
         order = np.argsort(cid, kind="stable")  # one take per chunk, into the batch itself
@@ -228,7 +244,7 @@ def to_tensors(batch: Chunk) -> dict[str, Any]:
             # copy, so an in-place op on the tensor writes into the Arrow buffer. That is
             # harmless: the buffer is heap memory (no reader memory-maps files), freshly read
             # for this epoch, each batch views only its own rows of it, and no one reads
-            # those rows again.
+            # those rows again (the epoch cache's rows are never viewed: Rebatcher.private).
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", UserWarning)
                 out[name] = torch.from_numpy(arr)

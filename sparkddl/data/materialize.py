@@ -293,7 +293,8 @@ def _write(selected: Any, columns: tuple[ColumnSpec, ...], store: Store, key: st
            min_groups: int, group_bytes: int) -> tuple[PreparedData, dict[str, Any]]:
     """One Spark job, no shuffle: every task encodes its partition and writes it with pyarrow
     into row groups of exactly the same number of rows (a few of them short: the end of each
-    task's part), so that whole row groups share evenly between ranks; each task reports its
+    task's part), so that the ranks' pieces are whole row groups where the counts allow; each
+    task reports its
     files and the statistics :func:`_check` needs, which come back summed."""
     row_bytes = sum(c.nbytes for c in columns) + 8
     total_bytes = max(rows * row_bytes, 1)

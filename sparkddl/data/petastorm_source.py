@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import collections
 import functools
+import posixpath
 import logging
 import threading
 import warnings
 from typing import Any, Generator
 
 from sparkddl.data.petastorm_check import MODULES, unavailable_reason  # noqa: F401
-from sparkddl.data.plan import Piece, ShardPlan, piece_order
+from sparkddl.data.plan import Piece, ShardPlan, list_row_groups, piece_order
 from sparkddl.errors import DataError
 from sparkddl.store import Store
 from sparkddl.store.store import split_uri
@@ -72,10 +73,13 @@ def _open_reader(url: str, columns: list[str], pool: "InlinePool", pieces: list[
     path = Store.from_uri(url).fs_path(url.rstrip("/"))
     ranges = {p.group: (p.start, p.stop) for p in pieces}
     worker = type("PieceWorker", (_in_order_worker(),), {"ranges": ranges})
+    groups = list_row_groups(Store.from_uri(url).filesystem(), path)
+    expected = {p.group: (posixpath.relpath(groups[p.group].path, path), groups[p.group].index)
+                for p in pieces}
     return _piece_reader()(filesystem, path, schema_fields=columns, worker_class=worker,
                            reader_pool=pool, num_epochs=1, is_batched_reader=True,
                            cur_shard=0, shard_count=1, groups=[p.group for p in pieces],
-                           **options)
+                           expected=expected, url=url, **options)
 
 
 @functools.lru_cache(maxsize=1)
@@ -85,17 +89,28 @@ def _piece_reader() -> type:
     from petastorm.reader import Reader
 
     class PieceReader(Reader):
-        def __init__(self, *args: Any, groups: list[int], **kwargs: Any) -> None:
-            self._groups = groups
+        def __init__(self, *args: Any, groups: list[int],
+                     expected: dict[int, tuple[str, int]], url: str, **kwargs: Any) -> None:
+            self._groups, self._expected, self._url = groups, expected, url
             super().__init__(*args, **kwargs)
 
         def _partition_row_groups(self, dataset: Any, row_groups: Any, shard_count: Any,
                                   cur_shard: Any, filtered_row_group_indexes: Any,
                                   seed: Any) -> list[int]:
-            if self._groups and max(self._groups) >= len(row_groups):
-                raise DataError(f"the dataset has {len(row_groups)} row groups, fewer than "
-                                "when the fit planned it; it changed after it was planned: "
-                                "prepare it again")
+            # Petastorm's list of row groups must be the plan's, group for group: it may
+            # differ (a _metadata summary file that lists other files), and a row range of
+            # another row group would train on other rows
+            for g, (relative, index) in self._expected.items():
+                theirs = row_groups[g] if g < len(row_groups) else None
+                if theirs is None or theirs.row_group != index or \
+                        not theirs.path.rstrip("/").endswith("/" + relative):
+                    raise DataError(
+                        f"Petastorm lists the row groups of {self._url} otherwise than their "
+                        f"footers do (row group {g} is "
+                        f"{(theirs.path, theirs.row_group) if theirs else 'missing'}, planned "
+                        f"as {(relative, index)}): a _metadata summary file that no longer "
+                        "matches the files, or files changed since the fit planned them. "
+                        "Use reader='arrow', or remove the stale _metadata file")
             return list(self._groups)
 
     return PieceReader

@@ -191,9 +191,12 @@ def unreadable(path: str, exc: BaseException, where: str = "") -> DataError:
 
 
 def _is_data(root: str, path: str) -> bool:
-    """pyarrow's legacy dataset rule, which Petastorm inherits."""
-    parts = posixpath.relpath(path, root).split("/")
-    return not any(p.startswith(("_", ".")) or p.endswith((".crc", "_$folder$")) for p in parts)
+    """pyarrow's legacy dataset rule, which Petastorm inherits (and Spark's): no file whose
+    name starts with '_' or '.' or is a checksum, under no folder whose name starts with '_'
+    or '.' unless it is a partition folder (``_k=1``)."""
+    *folders, name = posixpath.relpath(path, root).split("/")
+    return not (name.startswith(("_", ".")) or name.endswith((".crc", "_$folder$")) or
+                any(f.startswith(("_", ".")) and "=" not in f for f in folders))
 
 
 def group_order(row_group_rows: Any, seed: int) -> list[int]:

@@ -12,6 +12,7 @@ import functools
 import logging
 import os
 import queue
+import sys
 import threading
 import time
 from typing import Any, Callable, Generator, Iterator
@@ -58,7 +59,8 @@ def epoch_batches(plan: ShardPlan, rank: int, epoch: int) -> Iterator[dict[str, 
                                     plan.url, plan.raw_in_place, plan.listing is not None)]
     _check_files(plan, f"rank {rank}, epoch {epoch}")
     rng = np.random.default_rng([plan.seed, epoch, rank])
-    rebatcher = Rebatcher(plan.batch_size, plan.shuffle_buffer, rng)
+    rebatcher = Rebatcher(plan.batch_size, plan.shuffle_buffer, rng,
+                          private=plan.cache_bytes > 0)
     emitted = 0
     # read-ahead threads where the rank has a core for them; on one core the same sub-shards
     # are read in turn by the training thread (same order, no threads fighting it)
@@ -84,6 +86,7 @@ def epoch_batches(plan: ShardPlan, rank: int, epoch: int) -> Iterator[dict[str, 
             yield batch
             emitted += 1
             if emitted == plan.steps_per_epoch:
+                _fill_cache(source, plan, rank, epoch)
                 return
     finally:
         if hasattr(tensors, "close"):
@@ -164,6 +167,22 @@ def _decoded(source: Source, plan: ShardPlan, rank: int, epoch: int, part: int, 
         tables.close()
 
 
+def _fill_cache(source: Source, plan: ShardPlan, rank: int, epoch: int) -> None:
+    """After an epoch that trained its last batch before the readers reached some pieces
+    (those of the rows left over): read the sub-shards holding them into the epoch cache,
+    once, so that it holds the whole shard."""
+    cache = epoch_cache(plan, rank)
+    if cache is None or cache.given_up or cache.complete():
+        return
+    parts = reader_threads(plan, rank)
+    for part in range(parts):
+        if all(p in cache.chunks for p in piece_order(plan, rank, epoch, part, parts)):
+            continue
+        for _ in _decoded(source, plan, rank, epoch, part, parts):
+            if cache.given_up:
+                return
+
+
 class EpochCache:
     """A rank's decoded pieces, kept in memory up to ``plan.cache_bytes`` (sources hand one
     table per piece, in :func:`piece_order`): once it holds them all, later epochs take them
@@ -194,15 +213,27 @@ class EpochCache:
                          self.rank, self.plan.cache_bytes >> 20, (self.nbytes + size) / 2**20)
                 self.nbytes = 0
                 return
-            self.chunks[piece] = chunk
+            # copies of its own: a piece's arrays view the whole row group it was cut from
+            self.chunks[piece] = {k: own_copy(v) for k, v in chunk.items()}
             self.nbytes += size
 
 
+def own_copy(values: np.ndarray) -> np.ndarray:
+    """``values`` in memory of its own (the arrays of a ragged column's rows too)."""
+    if values.dtype != object:
+        return values.copy()
+    out = np.empty(len(values), dtype=object)
+    out[:] = [v.copy() if isinstance(v, np.ndarray) else v for v in values]
+    return out
+
+
 def chunk_bytes(values: np.ndarray) -> int:
-    """Memory a decoded column holds (bytes/str objects counted by their length)."""
-    if values.dtype == object:
-        return values.nbytes + sum(len(v) for v in values)
-    return values.nbytes
+    """Memory a decoded column will hold in the cache: its values, and for object arrays
+    (ragged rows, bytes, str) each object's own size."""
+    if values.dtype != object:
+        return values.nbytes
+    return values.nbytes + sum(sys.getsizeof(v) + (v.nbytes if isinstance(v, np.ndarray)
+                                                   else 0) for v in values)
 
 
 # this process's epoch caches, by (plan, rank): a task's, dropped when it ends

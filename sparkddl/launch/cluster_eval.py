@@ -2,8 +2,8 @@
 slots the barrier stage does not hold, so that the ranks never pause for it and the driver
 does no per-row work.
 
-The job has one task per part of the validation split (its row groups dealt out as to ranks:
-row group i to part i % parts); each task builds the model, loads the snapshot, streams its
+The job has one task per part of the validation split (its rows shared out as to ranks, by
+row ranges: :func:`sparkddl.data.plan.shard_pieces`); each task builds the model, loads the snapshot, streams its
 part in batches and returns what :func:`sparkddl.train.evaluate.accumulate` gives (the sums
 and the exact metrics' torchmetrics states), which the driver merges and finishes: the
 metrics are those the driver or the ranks compute on the same split. The job is a
@@ -48,11 +48,10 @@ def check_free_slots(sc: Any, num_workers: int) -> int | None:
 
 
 def cluster_parts(sc: Any, num_workers: int, val: Dataset) -> int:
-    """How many tasks evaluate each snapshot: one per free slot, at most one per row group
-    of the split."""
+    """How many tasks evaluate each snapshot: one per free slot (parts share the split's
+    rows, whatever its row groups)."""
     free = check_free_slots(sc, num_workers)
-    groups = len(val.shared_groups)
-    return max(1, min(free if free is not None else 1, groups, MAX_PARTS))
+    return max(1, min(free if free is not None else 1, val.rows, MAX_PARTS))
 
 
 class ClusterEvaluator:

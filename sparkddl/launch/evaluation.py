@@ -331,9 +331,9 @@ def _on_ranks(config: Any, val: Dataset) -> bool:
     why = ""
     if config.strategy == "fsdp":
         why = "strategy 'fsdp' gathers the whole model on rank 0 only"
-    elif len(val.shared_groups) < config.num_workers:
-        why = (f"the validation split has {len(val.shared_groups)} row group(s) for "
-               f"{config.num_workers} ranks, and each rank evaluates whole row groups")
+    elif val.rows < config.num_workers:
+        why = (f"the validation split has {val.rows} row(s) for {config.num_workers} ranks, "
+               "and each rank evaluates at least one")
     if config.evaluation == "ranks":
         if why:
             raise ConfigError(f"evaluation='ranks' is not possible here: {why}; use "

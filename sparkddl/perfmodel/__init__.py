@@ -2,6 +2,7 @@
 how much memory each rank needs."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from dataclasses import asdict
@@ -53,7 +54,8 @@ def run_calibration(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any,
     preflight.check_cluster(sc, workers, config.use_gpu)
     store = Store.from_uri(config.store)
     data = prepare_data(df, config, store, workers)
-    plan = shard_plan(data, config, workers)
+    # calibration runs outside train(), whose end frees an epoch cache: none here
+    plan = dataclasses.replace(shard_plan(data, config, workers), cache_bytes=0)
     spec = TrainSpec(config.replace(epochs=1, snapshot_every=1), run_id=new_run_id(),
                      model_factory=model_factory(model), optimizer=optimizer_recipe(optimizer),
                      loss=resolve_loss(loss), metrics={}, plan=plan, store_root=store.root)

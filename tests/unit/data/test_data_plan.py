@@ -226,3 +226,16 @@ def test_reader_threads_hold_fewer_large_row_groups():
     rows = QUEUE_BYTES // 256  # one row group of QUEUE_BYTES: one held at a time
     large = plan_shards("u", wide, [rows] * 4, world=2, batch_size=10)
     assert queue_depth(large) == 1
+
+
+def test_partition_folders_named_with_an_underscore_are_data_as_pyarrow_and_spark_say(
+        tmp_path):
+    """pyarrow's dataset (which Petastorm reads through) and Spark skip folders starting with
+    '_' or '.' unless they are partition folders: the plan must list the same files."""
+    for folder in ("_k=1", "k=2", "_tmp", ".hidden"):
+        (tmp_path / folder).mkdir()
+        pq.write_table(pa.table({"x": np.arange(3, dtype=np.float32)}),
+                       tmp_path / folder / "part-0.parquet")
+    paths = {g.path for g in list_row_groups(pafs.LocalFileSystem(), str(tmp_path))}
+    assert paths == {str(tmp_path / "_k=1" / "part-0.parquet"),
+                     str(tmp_path / "k=2" / "part-0.parquet")}

@@ -303,3 +303,63 @@ def test_the_epoch_cache_reads_parquet_once_and_keeps_the_order(dataset, reader,
             reader_module.drop_epoch_caches()
     finally:
         reader_module.drop_epoch_caches()
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_batches_edited_in_place_do_not_change_the_cached_epochs(dataset, reader):
+    """A train step or transformFn may edit its batch in place (one row per batch is a view
+    of its chunk without the cache): with the cache, later epochs still hand over the rows
+    as read."""
+    plain = _plan(dataset, seed=2, reader=reader, batch_size=1, shuffle_buffer=0)
+    want = [_ids(plain, 0, epoch) for epoch in range(3)]
+    cached = dataclasses.replace(plain, cache_bytes=1 << 30)
+    try:
+        for epoch in range(3):
+            got = []
+            for b in epoch_batches(cached, 0, epoch):
+                got += b["id"].tolist()
+                b["id"].add_(10_000)  # in place, as a careless train step might
+            assert got == want[epoch]
+        assert reader_module.epoch_cache(cached, 0).complete()
+    finally:
+        reader_module.drop_epoch_caches()
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_the_cache_holds_the_pieces_past_the_last_batch_after_one_epoch(tmp_path, reader,
+                                                                       monkeypatch):
+    """An epoch ends after its last full batch; pieces the readers had not reached by then
+    are read into the cache as the epoch closes, so later epochs read no Parquet."""
+    url = _write(tmp_path, [[96, 8]])  # one rank: 104 rows, 3 batches of 32, 8 left over
+    monkeypatch.setattr(reader_module, "usable_cpus", lambda: 1)  # sub-shards in turn
+    plan = _plan(url, world=1, batch_size=32, shuffle_buffer=0, reader=reader,
+                 reader_workers=2, seed=3, cache_bytes=1 << 30)
+    try:
+        first = _ids(plan, 0, 0)
+        cache = reader_module.epoch_cache(plan, 0)
+        assert cache.complete() and sum(len(c["id"]) for c in cache.chunks.values()) == 104
+        uncached = dataclasses.replace(plan, cache_bytes=0)
+        assert first == _ids(uncached, 0, 0) and _ids(plan, 0, 1) == _ids(uncached, 0, 1)
+    finally:
+        reader_module.drop_epoch_caches()
+
+
+@needs_petastorm
+def test_petastorm_listing_other_row_groups_than_the_footers_is_refused(tmp_path):
+    """A _metadata summary file that no longer matches the files makes Petastorm list other
+    row groups: reading the plan's row ranges from them would train on other rows."""
+    url = _write(tmp_path, [[64, 64], [64, 64]])
+    collector = []
+    pq.read_table(tmp_path / "part-1.parquet")  # the summary lists part-1 only, as part-0
+    meta = pq.read_metadata(tmp_path / "part-1.parquet")
+    meta.set_file_path("part-0.parquet")
+    collector.append(meta)
+    pq.write_metadata(meta.schema.to_arrow_schema(), tmp_path / "_metadata",
+                      metadata_collector=collector)
+    plan = _plan(url, reader="petastorm", reader_pool="dummy")
+    with pytest.raises(DataError, match=r"Petastorm lists the row groups of .* otherwise than "
+                                        r"their footers do .*Use reader='arrow'"):
+        for rank in range(2):
+            _ids(plan, rank, 0)
+    arrow = dataclasses.replace(plan, reader="arrow")
+    assert sorted(_ids(arrow, 0, 0) + _ids(arrow, 1, 0)) == list(range(256))

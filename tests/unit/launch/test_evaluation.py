@@ -6,6 +6,7 @@ import io
 import math
 
 import numpy as np
+import pytest
 import torch
 
 from sparkddl.channel import messages as m
@@ -109,3 +110,16 @@ def test_a_rank_whose_connection_closed_without_done_or_report_died_silently():
     assert monitor.died_silently(before=float("inf")) == [1]
     assert monitor.died_silently(before=0.0) == []  # closed after the decision: a cancel
     assert monitor.accounted() == 2 and monitor.wake.is_set()
+
+
+def test_ranks_evaluate_a_split_with_fewer_row_groups_than_ranks():
+    """Ranks share validation rows by row ranges: two row groups serve four ranks."""
+    from sparkddl.config import TrainConfig
+    from sparkddl.data.dataset import Dataset
+    from sparkddl.errors import ConfigError
+    from sparkddl.launch.evaluation import evaluation_mode
+    val = Dataset("file:///nowhere", (), (300, 900))
+    assert evaluation_mode(TrainConfig(evaluation="ranks", num_workers=4), val) == "ranks"
+    tiny = Dataset("file:///nowhere", (), (2, 1))
+    with pytest.raises(ConfigError, match=r"3 row\(s\) for 4 ranks"):
+        evaluation_mode(TrainConfig(evaluation="ranks", num_workers=4), tiny)
