@@ -358,7 +358,8 @@ def fit_peer(spark: Any, table: str, hp: Any, work: Path) -> dict[str, Any]:
             "phases": [(what, end - start) for what, _, start, end in out["phases"]]}
 
 
-def fit_sparkddl(spark: Any, table: str, hp: Any, work: Path) -> dict[str, Any]:
+def fit_sparkddl(spark: Any, table: str, hp: Any, work: Path, cache_mb: int = 0
+                 ) -> dict[str, Any]:
     import torch
 
     from sparkddl import TorchEstimator
@@ -372,7 +373,8 @@ def fit_sparkddl(spark: Any, table: str, hp: Any, work: Path) -> dict[str, Any]:
     est = TorchEstimator(model=mlp(), optimizer=lambda p: torch.optim.Adam(p, lr=lr),
                          loss=torch.nn.CrossEntropyLoss(), featuresCol="features",
                          labelCol="label", batchSize=hp.batch, epochs=hp.epochs, numWorkers=2,
-                         store=f"file://{store}", seed=hp.seed, progress=False)
+                         store=f"file://{store}", seed=hp.seed, progress=False,
+                         epochCacheMB=cache_mb)
     trace = Trace()
     try:
         start = time.time()
@@ -396,8 +398,11 @@ def fit_sparkddl(spark: Any, table: str, hp: Any, work: Path) -> dict[str, Any]:
                        ("stage -> model returned", end - stage[1])]}
 
 
-def fits(spark: Any, table: str, hp: Any, work: Path, repeats: int) -> list[dict[str, Any]]:
+def fits(spark: Any, table: str, hp: Any, work: Path, repeats: int, cache_mb: int = 0
+         ) -> list[dict[str, Any]]:
     out: dict[str, list[dict]] = {"ddp": [], "peer": [], "sparkddl": []}
+    if cache_mb:
+        out["sparkddl_cache"] = []
     for i in range(repeats):
         print(f"  fits, round {i + 1}: plain DDP", flush=True)
         out["ddp"].append(fit_ddp(table, hp))
@@ -406,9 +411,16 @@ def fits(spark: Any, table: str, hp: Any, work: Path, repeats: int) -> list[dict
         print(f"    {out['peer'][-1]['wall_s']:.1f} s; sparkddl", flush=True)
         out["sparkddl"].append(fit_sparkddl(spark, table, hp, work / f"fit{i}"))
         print(f"    {out['sparkddl'][-1]['wall_s']:.1f} s", flush=True)
+        if cache_mb:
+            out["sparkddl_cache"].append(fit_sparkddl(spark, table, hp, work / f"fitc{i}",
+                                                      cache_mb))
+            print(f"    epochCacheMB={cache_mb}: {out['sparkddl_cache'][-1]['wall_s']:.1f} s",
+                  flush=True)
     labels = {"ddp": "plain DDP, no Spark (2 processes, pyarrow reads files[rank::2])",
               "peer": "TorchDistributor + Petastorm on the table's files",
-              "sparkddl": "sparkddl: TorchEstimator.fit(spark.read.parquet(table))"}
+              "sparkddl": "sparkddl: TorchEstimator.fit(spark.read.parquet(table))",
+              "sparkddl_cache": f"sparkddl, epochCacheMB={cache_mb} (epochs after the first "
+                                "from memory)"}
     peer_wall = min(r["wall_s"] for r in out["peer"])
     rows = []
     for key, runs in out.items():
@@ -416,7 +428,7 @@ def fits(spark: Any, table: str, hp: Any, work: Path, repeats: int) -> list[dict
         rows.append({"runner": labels[key], "key": key, "wall_s": best["wall_s"],
                      "walls_s": [r["wall_s"] for r in runs], "loop_s": best["loop_s"],
                      "vs_peer": best["wall_s"] / peer_wall, "final_loss": best["final_loss"],
-                     "epoch_times_s": best["epoch_times"],
+                     "epoch_times_s": [round(t, 2) for t in best["epoch_times"]],
                      "in_place": {True: "yes (no data/ in the store)",
                                   False: "NO (data/ in the store)"}.get(best.get("in_place"), ""),
                      **{k: best[k] for k in ("rows_trained", "rows_skipped", "phases",
@@ -429,7 +441,7 @@ def fits(spark: Any, table: str, hp: Any, work: Path, repeats: int) -> list[dict
 MATRIX_COLUMNS = ["layout", "world", "sparkddl now", "now: rows/epoch", "sparkddl before",
                   "before: rows/epoch", "Petastorm rows per rank", "TorchDistributor + "
                   "Petastorm: distinct rows/epoch", "Ray Data (streaming_split equal=True)"]
-FIT_COLUMNS = ["runner", "wall_s", "vs_peer", "loop_s", "final_loss", "in_place"]
+FIT_COLUMNS = ["runner", "wall_s", "vs_peer", "loop_s", "epoch_times_s", "final_loss", "in_place"]
 
 
 def matrix_md_rows(rows: list[dict]) -> list[dict]:
@@ -540,6 +552,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="more world sizes, on the planners alone (no Petastorm reads)")
     p.add_argument("--only", default="matrix,fits", help="matrix, fits or both")
     p.add_argument("--repeats", type=int, default=1, help="rounds of the three fits")
+    p.add_argument("--cache-mb", type=int, default=0,
+                   help="also fit with sparkddl's epochCacheMB set to this (0: not run)")
     p.add_argument("--no-measure", action="store_true",
                    help="skip opening Petastorm's readers (the rule alone)")
     p.add_argument("--scratch", default=None, help="where the work directory goes")
@@ -579,7 +593,7 @@ def main(args: argparse.Namespace) -> None:
                 t = time.perf_counter()
                 side_by_side.WORKERS = 2
                 timings["workers_start_s"] = side_by_side.warm_workers(spark)
-                fit_rows = fits(spark, tables[FULL], hp, work, args.repeats)
+                fit_rows = fits(spark, tables[FULL], hp, work, args.repeats, args.cache_mb)
                 timings["fits_s"] = time.perf_counter() - t
             rows, layouts, checks = [], [], {"failures": {}}
             if "matrix" in parts:
