@@ -18,14 +18,19 @@ from tests.stacks import needs_petastorm
 def test_petastorm_reads_spark_parquet(spark_local, tmp_path):
     from petastorm.workers_pool import EmptyResultError
 
+    from pyarrow import fs as pafs
+
     from sparkddl.data.petastorm_source import InlinePool, _open_reader
+    from sparkddl.data.plan import Piece, list_row_groups
 
     df = spark_local.range(1000).selectExpr("id", "cast(id * 2 as float) as x",
                                             "array(cast(id as double), 1.0D) as v")
     df.repartition(3).write.parquet(str(tmp_path / "t"))
+    groups = list_row_groups(pafs.LocalFileSystem(), str(tmp_path / "t"))
+    every = [Piece(i, 0, g.rows) for i, g in enumerate(groups) if g.rows]  # the whole table
     for attempt in range(20):
         pool = InlinePool()
-        reader = _open_reader(f"file://{tmp_path / 't'}", ["id", "x", "v"], pool,
+        reader = _open_reader(f"file://{tmp_path / 't'}", ["id", "x", "v"], pool, every,
                               seed=attempt + 1, shuffle_row_groups=True, shuffle_rows=True)
         ids, total_x = [], 0.0
         try:

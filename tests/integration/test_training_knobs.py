@@ -40,9 +40,12 @@ def test_schedule_bf16_clipping_and_accumulation_train_like_fp32(digits, tmp_pat
     assert [r["lr"] for r in knobs.history] == pytest.approx(
         [LR * 0.5 ** ((e - 1) // 4) for e in range(1, 13)])
     assert all(r["lr"] == pytest.approx(LR) for r in plain.history)
-    # two micro-batches of 16 per optimizer step: as many synchronizations as with batch 32
-    assert knobs.history[0]["comm_calls"] == plain.history[0]["comm_calls"]
-    assert knobs.steps_per_rank[0] == 2 * plain.steps_per_rank[0]
+    # two micro-batches of 16 per optimizer step: one synchronization per window of two, as
+    # with batch 32 (an odd count of micro-batches ends the epoch with a window of one)
+    micro, steps = knobs.steps_per_rank[0] // 12, plain.steps_per_rank[0] // 12
+    assert micro in (2 * steps, 2 * steps + 1)
+    assert knobs.history[0]["comm_calls"] - math.ceil(micro / 2) == \
+        plain.history[0]["comm_calls"] - steps
 
 
 @pytest.mark.timeout(300)
