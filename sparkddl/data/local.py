@@ -50,15 +50,15 @@ def row_groups(dataset: Dataset, rank: int = 0, world: int = 1) -> Iterator[Chun
                 table = sel.apply(root, group.path, group.index, table, in_files, start,
                                   group.rows)
             start += part.num_rows
-            if world > 1:  # this rank's rows of the group: piece.start..piece.stop
-                first, kept = kept, kept + table.num_rows
-                lo, hi = max(piece.start - first, 0), min(piece.stop - first, table.num_rows)
-                table = table.slice(lo, max(hi - lo, 0))
+            # the piece's rows of the group, counted among its split's: start..stop
+            first, kept = kept, kept + table.num_rows
+            lo, hi = max(piece.start - first, 0), min(piece.stop - first, table.num_rows)
+            table = table.slice(lo, max(hi - lo, 0))
             if listing is not None:
                 table = listing.add_columns(table, group.path, names)
             if table.num_rows:
                 yield {c.name: decode_arrow(c, table.column(c.name)) for c in dataset.columns}
-            if world > 1 and kept >= piece.stop:
+            if kept >= piece.stop:
                 break
 
 

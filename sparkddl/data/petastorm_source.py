@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import collections
 import functools
-import posixpath
 import logging
+import posixpath
 import threading
 import warnings
 from typing import Any, Generator
@@ -70,10 +70,11 @@ def _open_reader(url: str, columns: list[str], pool: "InlinePool", pieces: list[
     # gets the filesystem's root, and the path as the store names it
     scheme, netloc, _ = split_uri(url)
     filesystem, _ = get_filesystem_and_path_or_paths(f"{scheme}://{netloc}/")
-    path = Store.from_uri(url).fs_path(url.rstrip("/"))
+    store = Store.from_uri(url)
+    path = store.fs_path(url.rstrip("/"))
     ranges = {p.group: (p.start, p.stop) for p in pieces}
     worker = type("PieceWorker", (_in_order_worker(),), {"ranges": ranges})
-    groups = list_row_groups(Store.from_uri(url).filesystem(), path)
+    groups = list_row_groups(store.filesystem(), path)
     expected = {p.group: (posixpath.relpath(groups[p.group].path, path), groups[p.group].index)
                 for p in pieces}
     return _piece_reader()(filesystem, path, schema_fields=columns, worker_class=worker,
