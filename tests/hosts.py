@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import random
 import re
 import shutil
 import signal
@@ -45,7 +46,23 @@ def unavailable() -> str:
 
 def _ip(*args: str, ns: str | None = None) -> None:
     cmd = ["ip", "netns", "exec", ns, "ip", *args] if ns else ["ip", *args]
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    done = subprocess.run(cmd, capture_output=True, text=True)
+    if done.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} failed ({done.returncode}): "
+                           f"{(done.stderr or done.stdout).strip()}")
+
+
+def _free_tag() -> str:
+    """A tag no namespace or link on this machine is named with yet. Names made from the pid
+    and the clock alone collided: a module's hosts still up when a test made its own got the
+    same name one time in a thousand ('ip netns add' then fails with File exists)."""
+    taken = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    taken += subprocess.run(["ip", "-o", "link", "show"], capture_output=True,
+                            text=True).stdout
+    while True:
+        tag = f"{random.randrange(10 ** 6):06d}"
+        if f"sd{tag}" not in taken:
+            return tag
 
 
 class Hosts:
@@ -53,7 +70,7 @@ class Hosts:
     more are joined through a bridge inside a namespace of their own (a switch)."""
 
     def __init__(self, n: int = 2):
-        tag = f"{os.getpid() % 10000}{int(time.time() * 1000) % 1000:03d}"
+        tag = _free_tag()
         self.n, self.tag = n, tag
         self.names = [f"sd{tag}h{i}" for i in range(n)]
         self.links = [f"sd{tag}v{i}" for i in range(n)]  # each host's interface
