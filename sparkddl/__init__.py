@@ -22,6 +22,7 @@ _EXPORTS = {
     "TorchDistributor": "sparkddl.distributor", "NonFiniteLossError": "sparkddl.errors",
     "TransformError": "sparkddl.errors", "JobCancelledError": "sparkddl.errors",
     "UntrustedArtifactError": "sparkddl.errors", "read_delta": "sparkddl.data.delta",
+    "read_iceberg": "sparkddl.data.iceberg",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

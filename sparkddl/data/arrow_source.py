@@ -48,12 +48,18 @@ def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
                 if group.path not in files:
                     handles.append(filesystem.open_input_file(group.path))
                     files[group.path] = pq.ParquetFile(handles[-1])
+                columns = sel.read_columns(names) if sel else names
                 table = files[group.path].read_row_group(
-                    group.index, columns=sel.read_columns(names) if sel else names)
+                    group.index, columns=listing.physical(columns) if listing else columns)
+                if listing is not None:  # column mapping: the table's names
+                    table = listing.logical(table)
             except read_errors() as exc:  # deleted or rewritten under the fit
                 raise unreadable(group.path, exc, f"rank {rank}, epoch {epoch}") from exc
+            kept = listing.keep(filesystem, group) if listing is not None else None
             if sel is not None:
-                table = sel.apply(root, group.path, group.index, table, names)
+                table = sel.apply(root, group.path, group.index, table, names, kept=kept)
+            elif kept is not None:  # rows deleted from the file (a deletion vector)
+                table = table.filter(kept)
             if piece.rows != table.num_rows:  # the rows of another rank's piece: not used
                 table = table.slice(piece.start, piece.rows)
             if listing is not None:  # partition columns: constants of the file

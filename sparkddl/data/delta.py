@@ -3,10 +3,13 @@ version, named by its log, never every Parquet file in the folder (which holds t
 of every version until they are vacuumed).
 
 The log is read with the ``deltalake`` package (``pip install 'sparkddl[delta]'``; no Spark
-jar). A table whose reader must apply something the files alone do not say is not read in
-place: deletion vectors (rows deleted without rewriting their file) and column mapping
-(the files' column names are not the table's). Such a table is read by Spark with Delta
-Lake (``spark.read.format("delta").load(url)``, as on Databricks) and materialized.
+jar), and replayed here for what deltalake does not give: each file's deletion vector
+(:mod:`sparkddl.data.deletes`), which the rank reading that file applies as a row mask.
+Whether a table is read in place is decided by the reader features its protocol lists,
+against an allow-list (:data:`READER_FEATURES`), never by a table property: a table with
+deletion vectors enabled whose files carry none is read as plain files. A feature not on the
+list (column mapping among them, for now) is named in a DataError, and the table is read by
+Spark with Delta Lake (``spark.read.format("delta").load(url)``) and materialized.
 """
 from __future__ import annotations
 
@@ -14,11 +17,20 @@ import posixpath
 from typing import Any
 from urllib.parse import unquote, urlparse
 
+from sparkddl.data.deletes import Deletes, descriptor
+from sparkddl.data.delta_log import DELTA_LOG, column_mapping, logged_vectors
 from sparkddl.data.listing import Listing
 from sparkddl.errors import DataError
 from sparkddl.store import Store
 
-DELTA_LOG = "_delta_log"
+# reader features of a Delta protocol that sparkddl applies reading the files itself;
+# vacuumProtocolCheck only asks writers and vacuum to check the protocol first; timestamps
+# without a time zone and variants are column types, which a fit refuses by name if it
+# uses such a column (deltalake lists variantType on the tables it writes with features)
+READER_FEATURES = frozenset({"columnMapping", "deletionVectors", "timestampNtz",
+                             "v2Checkpoint", "vacuumProtocolCheck", "variantType",
+                             "variantType-preview"})
+MAPPING_MODES = ("none", "name", "id")
 
 
 def is_delta(url: str) -> bool:
@@ -30,10 +42,11 @@ def is_delta(url: str) -> bool:
         return False
 
 
-def delta_listing(url: str) -> Listing | None:
-    """The current version's files of the Delta table at ``url`` with their partition
-    values; None where ``url`` is not a Delta table. DataError where it cannot be read in
-    place (no ``deltalake``, deletion vectors, column mapping), saying what to do."""
+def delta_listing(url: str, version: int | None = None) -> Listing | None:
+    """The files of the Delta table at ``url`` (its current version, or ``version``) with
+    their partition values, deletion vectors and column mapping; None where ``url`` is not a
+    Delta table. DataError where it cannot be read in place (no ``deltalake``, a reader
+    feature sparkddl does not apply), saying what to do."""
     if not is_delta(url):
         return None
     try:
@@ -47,6 +60,8 @@ def delta_listing(url: str) -> Listing | None:
                         "Lake") from None
     store = Store.from_uri(url)
     table = open_table(DeltaTable, store)
+    if version is not None and version != table.version():
+        table.load_as_version(version)
     why = not_in_place(table)
     if why:
         raise DataError(f"the Delta table at {url} {why}, which a reader of its Parquet files "
@@ -59,14 +74,94 @@ def read_delta(spark: Any, url: str) -> Any:
     """A DataFrame of the current version of the Delta table at ``url`` that sparkddl reads
     in place, for sessions without Delta Lake's Spark jar: Spark reads the files the log
     names (``basePath`` keeps the partition columns), not every Parquet file in the folder.
-    Deletion vectors or column mapping: DataError, as for :func:`delta_listing`."""
+
+    Spark applies what its plain Parquet reader does not know, so the DataFrame is right
+    wherever it goes: files with a deletion vector lose their deleted rows (an anti join on
+    ``_metadata.row_index``), and with column mapping the files' columns are renamed to the
+    table's, partition values added from the log. Given to a fit as it is, its files are
+    read in place and each rank applies the deletion vectors of the files it reads. A reader
+    feature sparkddl does not apply: DataError, as for :func:`delta_listing`."""
     listing = delta_listing(url)
     if listing is None:
         raise DataError(f"{url} is not a Delta table (no {DELTA_LOG}/ in it); read a folder of "
                         "Parquet files with spark.read.parquet(url)")
+    if not listing.paths:
+        raise DataError(f"the Delta table at {url} has no data files in its current version; "
+                        "there is nothing to train on")
     store = Store.from_uri(url)
-    files = [_spark_url(store, p) for p in listing.paths]
-    return spark.read.option("basePath", store.spark_url()).parquet(*files)
+    frame = _frame(spark, store, listing)
+    frame._sparkddl_delta = (store.url(), listing)  # what decide() reads in place
+    return frame
+
+
+_SPARK_TYPES = {"int64": "bigint", "int32": "int", "int16": "smallint", "int8": "tinyint",
+                "float64": "double", "float32": "float", "bool": "boolean", "string": "string"}
+
+
+def _frame(spark: Any, store: Store, listing: Listing) -> Any:
+    """Spark's reading of ``listing``'s files as the table holds them."""
+    from pyspark.sql import functions as F
+
+    mapped = bool(listing.renames)
+    # without column mapping, partition values are folder names Spark reads (basePath);
+    # with it, files lie under random prefixes and the log alone has the values
+    reader = spark.read if mapped else spark.read.option("basePath", store.spark_url())
+    deletes = listing.deletes.vectors if listing.deletes else {}
+    index = {p: i for i, p in enumerate(listing.paths)}
+
+    def values(path: str) -> tuple:
+        return listing.values[index[path]] if mapped and listing.columns else ()
+
+    def columns(extra: list[Any], part: tuple) -> list[Any]:
+        if not mapped:
+            return ["*", *extra]
+        data = [F.col(f"`{physical}`").alias(name) for name, physical, _ in listing.renames
+                if name not in listing.columns]
+        parts = [F.lit(v).cast(_SPARK_TYPES.get(t, "string")).alias(c)
+                 for c, t, v in zip(listing.columns, listing.types, part)]
+        return [*data, *parts, *extra]
+
+    frames = []
+    plain: dict[tuple, list[str]] = {}
+    for path in listing.paths:  # files without deletes: one scan per set of partition values
+        if path not in deletes:
+            plain.setdefault(values(path), []).append(_spark_url(store, path))
+    for part, files in plain.items():
+        frames.append(reader.parquet(*files).select(*columns([], part)))
+    if deletes:
+        import numpy as np
+        import pandas as pd
+        fs = store.filesystem()
+        tagged, numbers, indexes = [], [], []
+        for n, path in enumerate(p for p in listing.paths if p in deletes):
+            gone_here = listing.deletes.deleted(fs, path, _file_rows(fs, path))
+            numbers.append(np.full(len(gone_here), n, np.int32))
+            indexes.append(gone_here.astype(np.int64))
+            tagged.append(reader.parquet(_spark_url(store, path)).select(*columns(
+                [F.lit(n).alias("__sparkddl_file"),
+                 F.col("_metadata.row_index").alias("__sparkddl_row")],  # its index in the file
+                values(path))))
+        gone = spark.createDataFrame(  # from arrays, not a Python tuple a deleted row
+            pd.DataFrame({"__sparkddl_file": np.concatenate(numbers),
+                          "__sparkddl_row": np.concatenate(indexes)}),
+            "__sparkddl_file int, __sparkddl_row long")
+        frames.append(_union(tagged).join(gone, ["__sparkddl_file", "__sparkddl_row"],
+                                          "left_anti").drop("__sparkddl_file", "__sparkddl_row"))
+    return _union(frames)
+
+
+def _union(frames: list[Any]) -> Any:
+    """One DataFrame of ``frames``; files written before a column was added lack it."""
+    out = frames[0]
+    for frame in frames[1:]:
+        out = out.unionByName(frame, allowMissingColumns=True)
+    return out
+
+
+def _file_rows(fs: Any, path: str) -> int:
+    from sparkddl.data.plan import parquet_file
+    with parquet_file(fs, path) as f:
+        return int(f.metadata.num_rows)
 
 
 def _spark_url(store: Store, path: str) -> str:
@@ -100,15 +195,31 @@ def scan_reason(url: str) -> str:
     return f"the Delta table at {url} {why}" if why else ""
 
 
+def deletion_vectors_enabled(url: str) -> bool:
+    """Whether the Delta table at ``url`` lists deletion vectors among its reader features
+    (True where that cannot be told)."""
+    try:
+        from deltalake import DeltaTable
+        table = open_table(DeltaTable, Store.from_uri(url))
+        return "deletionVectors" in set(table.protocol().reader_features or ())
+    except Exception:  # noqa: BLE001 - unknown: assume it can
+        return True
+
+
 def not_in_place(table: Any) -> str:
-    """Why the Delta ``table`` cannot be read from its files alone ("" where it can)."""
+    """Why the Delta ``table`` cannot be read from its files alone ("" where it can): a
+    reader feature of its protocol that is not in :data:`READER_FEATURES`."""
     protocol = table.protocol()
     features = set(protocol.reader_features or ())
-    if "deletionVectors" in features:
-        return "has deletion vectors enabled (rows deleted without rewriting their files)"
     mode = table.metadata().configuration.get("delta.columnMapping.mode", "none")
-    if "columnMapping" in features or mode != "none":
-        return f"uses column mapping (mode {mode!r}: its files' column names are not the table's)"
+    if mode not in MAPPING_MODES:
+        return f"uses column mapping in mode {mode!r}, which sparkddl does not know"
+    if protocol.min_reader_version > 3:
+        return f"needs a Delta reader of version {protocol.min_reader_version}"
+    unknown = sorted(features - READER_FEATURES)
+    if unknown:
+        return (f"lists the reader feature(s) {', '.join(unknown)} in its protocol, which "
+                "sparkddl does not apply")
     return ""
 
 
@@ -117,6 +228,7 @@ def listing_of(store: Store, table: Any) -> Listing:
     actions = table.get_add_actions(flatten=True)
     names = list(actions.column_names)
     rel = [str(p) for p in actions.column("path").to_pylist()]
+    vectors = logged_vectors(store, int(table.version()), rel)
     parts = [n[len("partition."):] for n in names if n.startswith("partition.")]
     values = list(zip(*[actions.column(f"partition.{c}").to_pylist() for c in parts])) \
         if parts else [()] * len(rel)
@@ -124,8 +236,11 @@ def listing_of(store: Store, table: Any) -> Listing:
     paths = [_path(store, root, p) for p in rel]
     order = sorted(range(len(paths)), key=paths.__getitem__)
     types = [_type(c, [v[i] for v in values], store.url()) for i, c in enumerate(parts)]
+    deletes = {paths[i]: descriptor(vectors[unquote(rel[i])], root, store, paths[i])
+               for i in range(len(rel)) if vectors.get(unquote(rel[i]))}
     return Listing(tuple(paths[i] for i in order), tuple(parts), tuple(types),
-                   tuple(tuple(values[i]) for i in order) if parts else ())
+                   tuple(tuple(values[i]) for i in order) if parts else (),
+                   Deletes(deletes) if deletes else None, column_mapping(table))
 
 
 def _path(store: Store, root: str, path: str) -> str:

@@ -33,6 +33,11 @@ class Listing:
     columns: tuple[str, ...] = ()  # partition columns the readers add
     types: tuple[str, ...] = ()  # their Arrow types (``int64``, ``float64``, ``bool``, ...)
     values: tuple[tuple[Any, ...], ...] = ()  # per path, one value per partition column
+    # rows deleted from files without rewriting them (Delta deletion vectors), by path
+    deletes: Any = None  # sparkddl.data.deletes.Deletes
+    # column mapping (Delta): (the table's name, the name in the files, the Parquet field
+    # id the files must give it, or 0 where the files are matched by name) of each column
+    renames: tuple[tuple[str, str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.columns and len(self.values) != len(self.paths):
@@ -59,6 +64,59 @@ class Listing:
             value = pa.scalar(row[self.columns.index(name)], type=types[name])
             table = table.append_column(name, pa.repeat(value, table.num_rows))
         return table.select(names)
+
+    def physical(self, names: Iterable[str]) -> list[str]:
+        """``names`` (the table's) as the files name them."""
+        return [self._to_physical.get(n, n) for n in names]
+
+    def logical_name(self, name: str) -> str:
+        """A column of the files by the table's name for it."""
+        return self._to_logical.get(name, name)
+
+    def logical(self, table: Any) -> Any:
+        """``table`` (an Arrow table read from a file) with the table's column names."""
+        if not self.renames:
+            return table
+        return table.rename_columns([self._to_logical.get(n, n) for n in table.column_names])
+
+    def check_field_ids(self, schema: Any, names: Iterable[str], path: str) -> None:
+        """DataError where a column of ``names`` in ``path``'s Arrow ``schema`` is not the
+        one the table's field id names (column mapping by id): a file written before a drop
+        and re-add of a column of the same name holds other values under it."""
+        ids = {logical: field_id for logical, _, field_id in self.renames if field_id}
+        for name in names:
+            if name not in ids:
+                continue
+            index = schema.get_field_index(self._to_physical.get(name, name))
+            meta = (schema.field(index).metadata or {}) if index >= 0 else {}
+            found = meta.get(b"PARQUET:field_id")
+            if found is None or int(found) != ids[name]:
+                raise DataError(f"column {name!r} of the table is field id {ids[name]}, and "
+                                f"{path} holds {'no such column' if index < 0 else 'field id '}"
+                                f"{'' if index < 0 else found.decode() if found else 'none'} "
+                                "under its name; the file is not this table's (read the "
+                                "table through Spark with Delta Lake)")
+
+    @functools.cached_property
+    def _to_physical(self) -> dict[str, str]:
+        return {logical: physical for logical, physical, _ in self.renames}
+
+    @functools.cached_property
+    def _to_logical(self) -> dict[str, str]:
+        return {physical: logical for logical, physical, _ in self.renames}
+
+    def keep(self, filesystem: Any, group: Any) -> Any:
+        """True for the rows of row group ``group`` (a RowGroup) that are not deleted; None
+        where none is (no deletion vector, or none of its rows in this group)."""
+        if not self.deletes:
+            return None
+        return self.deletes.keep(filesystem, group.path, group.file_rows, group.first,
+                                 group.rows)
+
+    def kept_rows(self, filesystem: Any, group: Any) -> int:
+        """Rows of ``group`` that are not deleted."""
+        keep = self.keep(filesystem, group)
+        return group.rows if keep is None else int(keep.sum())
 
     @functools.cached_property
     def _index(self) -> dict[str, int]:

@@ -44,11 +44,18 @@ def row_groups(dataset: Dataset, rank: int = 0, world: int = 1) -> Iterator[Chun
     for piece in pieces:
         group = groups[piece.group]
         start = kept = 0  # rows of the group read, and of its split's rows
-        for part in _parts(fs, group, sel.read_columns(in_files) if sel else in_files):
+        alive = listing.keep(fs, group) if listing is not None else None  # not deleted
+        columns = sel.read_columns(in_files) if sel else in_files
+        for part in _parts(fs, group, listing.physical(columns) if listing else columns):
             table = pa.Table.from_batches([part])
+            if listing is not None:  # column mapping: the table's names
+                table = listing.logical(table)
+            part_alive = None if alive is None else alive[start:start + part.num_rows]
             if sel is not None:
                 table = sel.apply(root, group.path, group.index, table, in_files, start,
-                                  group.rows)
+                                  group.rows, kept=part_alive)
+            elif part_alive is not None:
+                table = table.filter(part_alive)
             start += part.num_rows
             # the piece's rows of the group, counted among its split's: start..stop
             first, kept = kept, kept + table.num_rows

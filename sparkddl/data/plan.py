@@ -42,6 +42,8 @@ class RowGroup:
     path: str  # path inside the dataset's filesystem
     index: int  # row group number inside the file
     rows: int
+    first: int = 0  # the file's row index of its first row
+    file_rows: int = 0  # rows of the whole file
 
 
 @dataclass(frozen=True)
@@ -145,8 +147,11 @@ def list_row_groups(filesystem: Any, root: str, listing: Listing | None = None
     for info in infos:
         with parquet_file(filesystem, info.path) as f:
             meta = f.metadata
-        groups += [RowGroup(info.path, i, meta.row_group(i).num_rows)
-                   for i in range(meta.num_row_groups)]
+        first = 0
+        for i in range(meta.num_row_groups):
+            rows = meta.row_group(i).num_rows
+            groups.append(RowGroup(info.path, i, rows, first, meta.num_rows))
+            first += rows
     return groups
 
 

@@ -49,6 +49,8 @@ class Selection:
     column: str | None = None  # split by a boolean / 0-1 column instead of a fraction
     groups: bool = False  # a fraction split by whole row groups...
     chosen: frozenset[tuple[str, int]] = frozenset()  # ...these (path in the table, index)
+    # row groups whose rows are all deleted (deletion vectors): on neither side
+    empty: frozenset[tuple[str, int]] = frozenset()
 
     def __post_init__(self) -> None:
         assert self.take in TAKES, self.take
@@ -71,7 +73,8 @@ class Selection:
         which the readers then share out as if they were the whole table."""
         if not self.groups:
             return groups
-        return [g for g in groups if g.rows and not self.skips(root, g.path, g.index)]
+        return [g for g in groups if g.rows and not self.skips(root, g.path, g.index) and
+                (relative(root, g.path), g.index) not in self.empty]
 
     def read_columns(self, names: list[str]) -> list[str]:
         """The columns to read so that :meth:`apply` can select rows."""
@@ -85,10 +88,13 @@ class Selection:
         return val if self.take == "val" else ~val
 
     def apply(self, root: str, path: str, index: int, table: Any, names: list[str],
-              start: int = 0, group_rows: int | None = None) -> Any:
-        """``table`` with only this side's rows and only ``names``."""
+              start: int = 0, group_rows: int | None = None, kept: Any = None) -> Any:
+        """``table`` with only this side's rows and only ``names``; ``kept``: the rows not
+        deleted (a deletion vector's mask), which no side keeps."""
         import pyarrow as pa
         keep = self.mask(root, path, index, table, start, group_rows)
+        if kept is not None:
+            keep &= kept
         if not keep.all():
             table = table.filter(pa.array(keep))
         return table.select(names)

@@ -195,16 +195,92 @@ def test_read_delta_gives_the_estimator_the_current_version_read_in_place(spark_
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("configuration,why", [
-    ({"delta.enableDeletionVectors": "true"}, "has deletion vectors enabled"),
-    ({"delta.columnMapping.mode": "name"}, "uses column mapping"),
-])
-def test_delta_tables_their_files_cannot_tell_are_refused_saying_what_to_do(tmp_path,
-                                                                          configuration, why):
+def test_delta_tables_with_a_reader_feature_not_applied_are_refused_saying_what_to_do(
+        tmp_path):
     from deltalake import write_deltalake
+    from tests.delta_build import DeltaBuilder
     ids = np.arange(100)
+    # column mapping and deletion vectors enabled as deltalake writes them: read in place
     write_deltalake(str(tmp_path / "d"), pa.table({"id": ids, "a": ids.astype(np.float32),
                                                    "part": ids % 3}),
-                    configuration=configuration)
-    with pytest.raises(DataError, match=rf"{why}.*spark.read.format\('delta'\).load"):
-        prepare(str(tmp_path / "d"), PARTED, num_workers=2, batch_size=16)
+                    configuration={"delta.columnMapping.mode": "name",
+                                   "delta.enableDeletionVectors": "true"})
+    rows = read_rows(prepare(str(tmp_path / "d"), PARTED, num_workers=2, batch_size=16).train)
+    assert sorted(rows["id"].tolist()) == list(range(100))
+    DeltaBuilder(tmp_path / "tw", features=("typeWidening",)).add_file(
+        pa.table({"id": ids, "a": ids.astype(np.float32), "part": ids % 3}))
+    with pytest.raises(DataError, match=r"reader feature\(s\) typeWidening.*"
+                                        r"spark.read.format\('delta'\).load"):
+        prepare(str(tmp_path / "tw"), PARTED, num_workers=2, batch_size=16)
+
+
+@pytest.mark.timeout(240)
+@pytest.mark.parametrize("mapping", [None, "name"])
+def test_read_delta_of_a_table_with_deletion_vectors_trains_on_the_rows_not_deleted(
+        spark_local, tmp_path, caplog, mapping):
+    """The DataFrame read_delta gives is right in Spark (the deleted rows anti-joined away),
+    read in place as it is (each rank applies its files' deletion vectors), materialized
+    right once transformed; deleted rows carry the label -1, which nothing may read. With
+    column mapping, the files' physical columns are the table's by name in Spark too."""
+    from tests.unit.data.test_deletes import build
+    _, expected = build(tmp_path / "d", partitioned=True, mapping=mapping)
+    df = sparkddl.read_delta(spark_local, str(tmp_path / "d"))
+    rows = df.collect()  # Spark agrees: the rows not deleted, the table's column names
+    assert sorted(r.x for r in rows) == expected and set(df.columns) == {"x", "label", "part"}
+    assert all(r.label >= 0 and r.part == (r.x // 1000) % 2 for r in rows)
+    spec = DataSpec.of(["x", "part"], ["label"])
+    with caplog.at_level(logging.INFO, logger="sparkddl.data"):
+        prepared = prepare(df, spec, num_workers=2, batch_size=4, store=tmp_path / "store")
+    assert prepared.in_place and "with a deletion vector the ranks apply" in caplog.text
+    assert prepared.label_range("label") == (0, 9)
+    plan = prepared.train.plan(2, 4, seed=3)
+    assert plan.rows == len(expected)
+    trained = sparkddl.run(ids_per_epoch, plan, 2, num_workers=2, spark=spark_local, timeout=120)
+    for ids in trained:  # every row not deleted once, but the last partial batches
+        assert len(ids) == len(set(ids)) == plan.rows_per_epoch
+        assert set(ids) <= set(expected)
+    copied = prepare(df.where("x >= 0"), spec, num_workers=2, batch_size=4,
+                     store=tmp_path / "store")
+    assert not copied.in_place
+    assert sorted(read_rows(copied.train)["x"].tolist()) == expected
+
+
+def ids_per_epoch(plan, epochs: int) -> list[list[float]]:
+    """Every rank's x values of each epoch, gathered: what the ranks trained on."""
+    import torch.distributed as dist
+    sparkddl.init_process_group()
+    out = []
+    for epoch in range(epochs):
+        mine = []
+        for batch in epoch_batches(plan, dist.get_rank(), epoch):
+            assert (batch["label"] >= 0).all(), "a deleted row was read"
+            mine += batch["x"].flatten().tolist()
+        every: list = [None] * dist.get_world_size()
+        dist.all_gather_object(every, mine)
+        out.append([x for part in every for x in part])
+    return out
+
+
+@pytest.mark.timeout(180)
+def test_read_iceberg_gives_spark_and_the_fit_the_current_snapshot(spark_local, tmp_path,
+                                                                   caplog):
+    """An Iceberg table of several appends and a copy-on-write delete (pyiceberg's own scan
+    is the oracle): Spark reads its current snapshot's files, and a fit reads them in place."""
+    pytest.importorskip("pyiceberg")
+    from tests.unit.data.test_iceberg import build, oracle
+    table = build(tmp_path / "ice")
+    expected = oracle(table)
+    df = sparkddl.read_iceberg(spark_local, table)
+    assert sorted((r.id, r.a, r.part) for r in df.select("id", "a", "part").collect()) == \
+        expected
+    with caplog.at_level(logging.INFO, logger="sparkddl.data"):
+        prepared = prepare(df, PARTED, num_workers=2, batch_size=4, store=tmp_path / "store")
+    assert prepared.in_place and stored_data(str(tmp_path / "store")) == []
+    assert prepared.train.listing.columns == ("part", "tag")
+    assert "Delta or Iceberg table's version, its" in caplog.text
+    rows = read_rows(prepared.train)
+    assert sorted(zip(rows["id"].tolist(), rows["a"].tolist(), rows["part"].tolist())) == \
+        expected
+    # by its identifier in a catalog, the same files
+    again = sparkddl.read_iceberg(spark_local, "ns.t", catalog=table.catalog)
+    assert again._sparkddl_delta[1] == df._sparkddl_delta[1]

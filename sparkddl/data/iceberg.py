@@ -1,0 +1,193 @@
+"""Apache Iceberg tables read in place: the data files of the table's current snapshot, as
+its manifests name them (``pip install 'sparkddl[iceberg]'``: pyiceberg plans the scan; no
+Spark jar), never every Parquet file under its location (which holds the files of every
+snapshot until they are expired).
+
+What is read in place and what is refused, file by file:
+
+- identity-partition values become partition columns of the :class:`Listing` (numbers,
+  booleans and strings, where no file's value is null; the files hold those columns too, as
+  Iceberg writes them);
+- a file with delete files is refused: pyiceberg writes copy-on-write deletes only (its
+  ``delete`` rewrites files; with ``write.delete.mode=merge-on-read`` it warns and falls back
+  to copy-on-write), so positional and equality delete files come from other writers, and
+  sparkddl does not apply them yet;
+- Iceberg matches a file's columns to the table's by field id, a reader of Parquet by name: a
+  file whose column has another name than the table's column of the same id (a rename), or a
+  table column's name but another id (a column dropped and added again), is refused, naming
+  the column, instead of read as the wrong column.
+"""
+from __future__ import annotations
+
+import posixpath
+from typing import Any
+
+from sparkddl.data.listing import Listing
+from sparkddl.data.plan import parquet_file
+from sparkddl.errors import DataError
+from sparkddl.store import Store
+from sparkddl.store.store import split_uri
+
+FIELD_ID = b"PARQUET:field_id"
+# Iceberg's primitive types read in place as partition columns, as Arrow type names
+ARROW_TYPES = {"int": "int32", "long": "int64", "float": "float32", "double": "float64",
+               "boolean": "bool", "string": "string"}
+_MERGE_ON_READ = ("pyiceberg writes copy-on-write deletes only; merge-on-read deletes are not "
+                  "applied yet: read the table through Spark (with Iceberg's runtime jar, "
+                  "spark.table(...)) and it is materialized")
+
+
+def iceberg_listing(table: Any) -> Listing:
+    """The data files of the current snapshot of the pyiceberg ``table`` (filesystem paths,
+    sorted) with its identity-partition values. DataError for delete files (positional or
+    equality) and for files whose columns are not the table's by name (renames)."""
+    name = _name(table)
+    try:
+        tasks = list(table.scan().plan_files())
+    except ValueError as exc:
+        if "equality delete" not in str(exc):
+            raise
+        raise DataError(f"the Iceberg table {name} has equality delete files; "
+                        f"{_MERGE_ON_READ}") from None
+    for task in tasks:
+        if task.delete_files:
+            kinds = sorted({str(d.content.name).lower().replace("_", " ")
+                            for d in task.delete_files})
+            raise DataError(f"the Iceberg table {name} has {' and '.join(kinds)} file(s) for "
+                            f"{task.file.file_path}; {_MERGE_ON_READ}")
+    stores = {task.file.file_path: Store.from_uri(task.file.file_path) for task in tasks}
+    paths = {uri: s.fs_path(s.url()) for uri, s in stores.items()}
+    order = sorted(tasks, key=lambda t: paths[t.file.file_path])
+    columns, types, values = _partitions(table, [t.file for t in order])
+    listing = Listing(tuple(paths[t.file.file_path] for t in order), columns, types, values)
+    if stores:
+        check_columns(table, next(iter(stores.values())).filesystem(), listing.paths, name)
+    return listing
+
+
+def read_iceberg(spark: Any, table_or_identifier: Any, catalog: Any = None) -> Any:
+    """A DataFrame of the current snapshot of an Iceberg table that sparkddl reads in place,
+    for sessions without Iceberg's Spark jar: Spark reads the files the table's manifests
+    name, not every Parquet file under its location.
+
+    ``table_or_identifier`` is a pyiceberg ``Table``, or its identifier (``"db.table"``) in
+    ``catalog``: a pyiceberg ``Catalog``, or the name of one pyiceberg's configuration
+    (``~/.pyiceberg.yaml``, ``PYICEBERG_CATALOG__*``) defines; None for its default.
+    Delete files and renamed columns: DataError, as for :func:`iceberg_listing`."""
+    table = _table(table_or_identifier, catalog)
+    listing = iceberg_listing(table)
+    if not listing.paths:
+        raise DataError(f"the Iceberg table {_name(table)} has no data files in its current "
+                        "snapshot; append rows to it first")
+    url = table_url(table, listing)
+    store = Store.from_uri(url)
+    root = store.fs_path(store.url())
+    # no basePath: Iceberg's files hold their identity-partition columns, and Spark's
+    # inference from the folder names (types, escaping) could differ from the table's values
+    frame = spark.read.parquet(*[store.spark_url(posixpath.relpath(p, root))
+                                 for p in listing.paths])
+    missing = [c for c in listing.columns if c not in frame.columns]
+    if missing:
+        raise DataError(f"the data files of the Iceberg table {_name(table)} do not hold its "
+                        f"partition column {missing[0]!r} (files imported from a Hive table?); "
+                        "read the table through Spark with Iceberg's runtime jar")
+    frame._sparkddl_delta = (url, listing)  # what decide() reads in place
+    return frame
+
+
+def table_url(table: Any, listing: Listing) -> str:
+    """The table's location, or the folder above it that holds every file of ``listing``
+    (files added from elsewhere by ``add_files``)."""
+    url = Store.from_uri(table.location()).url()
+    while True:
+        store = Store.from_uri(url)
+        root = store.fs_path(store.url()).rstrip("/") + "/"
+        if all(p.startswith(root) for p in listing.paths):
+            return store.url()
+        scheme, netloc, path = split_uri(url)
+        if posixpath.dirname(path.rstrip("/")) in ("", "/"):
+            raise DataError(f"the data files of the Iceberg table {_name(table)} are in no "
+                            f"folder below {scheme}://{netloc}/ with its location "
+                            f"{table.location()}; read it through Spark with Iceberg's "
+                            "runtime jar")
+        url = f"{scheme}://{netloc}{posixpath.dirname(path.rstrip('/'))}"
+
+
+def check_columns(table: Any, filesystem: Any, paths: tuple[str, ...], name: str) -> None:
+    """Every file's columns are the table's current columns of the same field id (the
+    file's ids, or the table's name mapping for files written without ids): DataError naming
+    the first column that is not."""
+    schema = table.schema()
+    mapping = _name_mapping(table)
+    for path in paths:
+        with parquet_file(filesystem, path) as f:
+            fields = list(f.schema_arrow)
+        for field in fields:
+            raw = (field.metadata or {}).get(FIELD_ID)
+            field_id = int(raw) if raw is not None else mapping.get(field.name)
+            if field_id is None:
+                continue  # neither id nor mapping: Iceberg matches it by name too
+            current = _field(schema, field_id)
+            if current is not None and current.name != field.name:
+                raise DataError(f"column {field.name!r} of {path} is the Iceberg table {name}'s "
+                                f"column {current.name!r} (field id {field_id}), renamed since "
+                                "the file was written; a Parquet reader matches columns by "
+                                "name, so the table is not read in place: rewrite its files "
+                                "(or read it through Spark with Iceberg's runtime jar)")
+            if current is None and field.name in schema.column_names:
+                raise DataError(f"column {field.name!r} of {path} (field id {field_id}) is not "
+                                f"the Iceberg table {name}'s column {field.name!r} (it was "
+                                "dropped and another added under its name); a Parquet reader "
+                                "would read the old values: rewrite the table's files")
+
+
+def _partitions(table: Any, files: list[Any]
+                ) -> tuple[tuple[str, ...], tuple[str, ...], tuple[tuple[Any, ...], ...]]:
+    """The identity-partition columns of every file's spec (of a type read in place, not
+    null for any file: those are left to the files, which hold them), their Arrow types and
+    each file's values."""
+    from pyiceberg.transforms import IdentityTransform
+
+    specs, schema = table.specs(), table.schema()
+    positions = [{f.source_id: i for i, f in enumerate(specs[data_file.spec_id].fields)
+                  if isinstance(f.transform, IdentityTransform)} for data_file in files]
+    fields = [_field(schema, i) for i in (positions[0] if positions else {})
+              if all(i in p for p in positions)]
+    fields = [f for f in fields if f is not None and str(f.field_type) in ARROW_TYPES and
+              all(d.partition[p[f.field_id]] is not None for d, p in zip(files, positions))]
+    if not fields:
+        return (), (), ()
+    return (tuple(f.name for f in fields), tuple(ARROW_TYPES[str(f.field_type)] for f in fields),
+            tuple(tuple(d.partition[p[f.field_id]] for f in fields)
+                  for d, p in zip(files, positions)))
+
+
+def _field(schema: Any, field_id: int) -> Any:
+    """The top-level field ``field_id`` of ``schema``, or None."""
+    return next((f for f in schema.fields if f.field_id == field_id), None)
+
+
+def _name_mapping(table: Any) -> dict[str, int]:
+    """Top-level column names of files without field ids -> field ids, from the table's
+    ``schema.name-mapping.default`` (what ``add_files`` sets)."""
+    mapping = table.name_mapping()
+    if mapping is None:
+        return {}
+    return {n: field.field_id for field in mapping for n in field.names}
+
+
+def _table(table_or_identifier: Any, catalog: Any) -> Any:
+    if not isinstance(table_or_identifier, str):
+        return table_or_identifier
+    try:
+        from pyiceberg.catalog import load_catalog
+    except ImportError:
+        raise DataError("reading an Iceberg table needs the pyiceberg package (pip install "
+                        "'sparkddl[iceberg]')") from None
+    if catalog is None or isinstance(catalog, str):
+        catalog = load_catalog(catalog)
+    return catalog.load_table(table_or_identifier)
+
+
+def _name(table: Any) -> str:
+    return ".".join(table.name()) if hasattr(table, "name") else str(table)

@@ -1,0 +1,264 @@
+"""Iceberg tables read in place (no Spark): tables in a pyiceberg SqlCatalog on SQLite, whose
+current snapshot's rows, as pyiceberg reads them (the oracle), are the rows sparkddl reads;
+delete files and renamed columns are refused, saying why.
+
+pyiceberg 0.12 writes data files only with pyarrow >= 18; on the pinned stack (pyarrow 14)
+the same rows are written by pyarrow and committed by pyiceberg (``add_files``, an overwrite
+that replaces rewritten files), so the tables are Iceberg tables either way: files with
+field ids in the first case, files matched through the table's name mapping in the second.
+"""
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from sparkddl.data import DataSpec
+from sparkddl.data.local import read_rows
+from sparkddl.data.source import prepare_table
+from sparkddl.errors import DataError
+
+pytest.importorskip("pyiceberg")
+
+from sparkddl.data.iceberg import iceberg_listing, table_url  # noqa: E402
+
+SPEC = DataSpec.of("a", "part", extra="id")
+WRITES = int(pa.__version__.split(".")[0]) >= 18  # what pyiceberg 0.12's writer needs
+
+
+def catalog(tmp_path):
+    from pyiceberg.catalog.sql import SqlCatalog
+    tmp_path.mkdir(parents=True, exist_ok=True)
+    cat = SqlCatalog("t", uri=f"sqlite:///{tmp_path}/c.db", warehouse=tmp_path.as_uri())
+    cat.create_namespace("ns")
+    return cat
+
+
+def rows(start: int, stop: int) -> pa.Table:
+    ids = np.arange(start, stop)
+    return pa.table({"id": ids, "a": ids.astype(np.float32), "part": ids % 3,
+                     "tag": pa.array([f"t{i % 2}" for i in ids])})
+
+
+def append(table, data: pa.Table, by_pyiceberg: bool = WRITES) -> None:
+    """``data`` appended: by pyiceberg's writer, or as pyarrow files pyiceberg adds (one
+    per partition, as add_files wants)."""
+    if by_pyiceberg:
+        table.append(data)
+        return
+    folder = os.path.join(table.location().removeprefix("file://"), "added")
+    os.makedirs(folder, exist_ok=True)
+    keys = sorted(set(zip(data["part"].to_pylist(), data["tag"].to_pylist()))) \
+        if table.spec().fields else [None]
+    paths = []
+    for key in keys:
+        part = data if key is None else data.filter(
+            pc.and_(pc.equal(data["part"], key[0]), pc.equal(data["tag"], key[1])))
+        path = os.path.join(folder, f"{len(os.listdir(folder)):05d}.parquet")
+        pq.write_table(part, path, row_group_size=7)
+        paths.append("file://" + path)
+    table.add_files(paths)
+
+
+def delete_from(table, at_least: int, by_pyiceberg: bool = WRITES) -> None:
+    """The rows with ``id >= at_least`` deleted copy-on-write: by pyiceberg, or by
+    replacing each file that has such rows with a file of the others."""
+    from pyiceberg.expressions import GreaterThanOrEqual
+    if by_pyiceberg:
+        table.delete(GreaterThanOrEqual("id", at_least))
+        return
+    from pyiceberg.io.pyarrow import parquet_file_to_data_file
+    with table.transaction() as tx, tx.update_snapshot().overwrite() as overwrite:
+        for task in table.scan().plan_files():
+            path = task.file.file_path.removeprefix("file://")
+            data = pq.read_table(path)
+            kept = data.filter(pc.less(data["id"], at_least))
+            if kept.num_rows == data.num_rows:
+                continue
+            overwrite.delete_data_file(task.file)
+            if kept.num_rows:
+                pq.write_table(kept, path.replace(".parquet", "-cow.parquet"))
+                overwrite.append_data_file(parquet_file_to_data_file(
+                    tx._table.io, tx.table_metadata, "file://" + path.replace(".parquet",
+                                                                               "-cow.parquet")))
+
+
+def build(tmp_path, partitioned: bool = True):
+    """A table of three appends and a copy-on-write delete (the first appends' files stay on
+    disk, not in the current snapshot), identity-partitioned by part and tag."""
+    cat = catalog(tmp_path)
+    table = cat.create_table("ns.t", schema=rows(0, 1).schema)
+    if partitioned:
+        with table.update_spec() as spec:
+            spec.add_identity("part")
+            spec.add_identity("tag")
+    for start in (0, 100, 250):
+        append(table, rows(start, start + 120))
+    delete_from(table, 300)
+    return cat.load_table("ns.t")
+
+
+def oracle(table) -> list[tuple]:
+    got = table.scan().to_arrow()
+    return sorted(zip(got["id"].to_pylist(), got["a"].to_pylist(), got["part"].to_pylist()))
+
+
+def read(table, spec=SPEC, **options) -> list[tuple]:
+    listing = iceberg_listing(table)
+    prepared = prepare_table(table_url(table, listing), spec, num_workers=2, batch_size=4,
+                             validation=None, seed=0, listing=listing, **options)
+    got = read_rows(prepared.train)
+    return sorted(zip(got["id"].tolist(), got["a"].tolist(), got["part"].tolist()))
+
+
+def on_disk(table) -> int:
+    return sum(f.endswith(".parquet") for _, _, fs in
+               os.walk(table.location().removeprefix("file://")) for f in fs)
+
+
+@pytest.mark.parametrize("partitioned", [True, False])
+def test_the_current_snapshot_is_read_in_place_as_pyiceberg_reads_it(tmp_path, partitioned):
+    table = build(tmp_path, partitioned)
+    expected = oracle(table)
+    # ids 100..119 are in two appends: both files' rows
+    assert [i for i, _, _ in expected] == sorted([*range(120), *range(100, 220), *range(250, 300)])
+    listing = iceberg_listing(table)
+    assert list(listing.paths) == sorted(listing.paths)
+    assert on_disk(table) > len(listing.paths)  # the deleted rows' files are still there
+    assert read(table) == expected
+    if partitioned:
+        assert listing.columns == ("part", "tag") and listing.types == ("int64", "string")
+        assert {(v[0], v[1]) for v in listing.values} == {(p, f"t{t}") for p in range(3)
+                                                          for t in range(2)}
+    else:
+        assert listing.columns == ()
+
+
+def test_partition_values_come_from_the_manifests(tmp_path):
+    """The listing's partition values are the table's, not read from the files: a file
+    written as another partition's would show it."""
+    table = build(tmp_path)
+    listing = iceberg_listing(table)
+    for path, values in zip(listing.paths, listing.values):
+        data = pq.read_table(path, columns=["part", "tag"])
+        assert set(data["part"].to_pylist()) == {values[0]}
+        assert set(data["tag"].to_pylist()) == {values[1]}
+
+
+@pytest.mark.skipif(not WRITES, reason="pyiceberg 0.12 writes with pyarrow >= 18 only")
+def test_merge_on_read_asked_for_is_written_copy_on_write_and_read_in_place(tmp_path):
+    table = build(tmp_path)
+    with table.transaction() as tx:
+        tx.set_properties({"write.delete.mode": "merge-on-read"})
+    with pytest.warns(UserWarning, match="falling back to copy-on-write"):
+        delete_from(table, 50)
+    assert all(not t.delete_files for t in table.scan().plan_files())
+    assert read(table) == oracle(table)
+    assert max(i for i, _, _ in oracle(table)) == 49
+
+
+def commit_delete_file(table, content: str) -> None:
+    """A delete file as other writers (Spark, Flink) write them with merge-on-read, committed
+    by pyiceberg: positional (the first file's rows 1 and 4) or equality (id == 3)."""
+    from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
+    first = sorted(table.scan().plan_files(), key=lambda t: t.file.file_path)[0].file
+    path = os.path.join(table.location().removeprefix("file://"), f"{content}-deletes.parquet")
+    if content == "position":
+        ids = {b"PARQUET:field_id": b"2147483546"}, {b"PARQUET:field_id": b"2147483545"}
+        schema = pa.schema([pa.field("file_path", pa.string(), False, ids[0]),
+                            pa.field("pos", pa.int64(), False, ids[1])])
+        deletes = pa.table({"file_path": [first.file_path] * 2, "pos": [1, 4]}, schema=schema)
+        kind, extra = DataFileContent.POSITION_DELETES, {}
+    else:
+        deletes = pa.table({"id": pa.array([3], pa.int64())})
+        kind, extra = DataFileContent.EQUALITY_DELETES, {"equality_ids": [1]}
+    pq.write_table(deletes, path)
+    delete_file = DataFile.from_args(content=kind, file_path="file://" + path,
+                                     file_format=FileFormat.PARQUET, partition=first.partition,
+                                     record_count=deletes.num_rows,
+                                     file_size_in_bytes=os.path.getsize(path),
+                                     spec_id=first.spec_id, **extra)
+    with table.transaction() as tx, tx.update_snapshot().fast_append() as add:
+        add.append_data_file(delete_file)
+
+
+def test_positional_delete_files_are_refused_saying_why(tmp_path):
+    table = build(tmp_path, partitioned=False)
+    before = len(oracle(table))
+    commit_delete_file(table, "position")
+    assert len(oracle(table)) == before - 2  # pyiceberg applies them: a real table
+    with pytest.raises(DataError, match=r"position deletes file\(s\) for .*pyiceberg writes "
+                                        r"copy-on-write deletes only; merge-on-read deletes "
+                                        r"are not applied yet"):
+        iceberg_listing(table)
+
+
+def test_equality_delete_files_are_refused_saying_why(tmp_path):
+    table = build(tmp_path, partitioned=False)
+    commit_delete_file(table, "equality")
+    with pytest.raises(DataError, match=r"has equality delete files; pyiceberg writes "
+                                        r"copy-on-write deletes only"):
+        iceberg_listing(table)
+
+
+@pytest.mark.parametrize("by_pyiceberg", [
+    pytest.param(True, marks=pytest.mark.skipif(not WRITES, reason="pyarrow < 18")), False],
+    ids=["field-ids", "name-mapping"])
+def test_a_renamed_column_is_refused_naming_it(tmp_path, by_pyiceberg):
+    table = catalog(tmp_path).create_table("ns.t", schema=rows(0, 1).schema)
+    append(table, rows(0, 50), by_pyiceberg)
+    with table.update_schema() as update:
+        update.rename_column("a", "b")
+    assert table.scan().to_arrow().column_names == ["id", "b", "part", "tag"]
+    with pytest.raises(DataError, match=r"column 'a' of .* is the Iceberg table ns.t's column "
+                                        r"'b' \(field id 2\), renamed"):
+        iceberg_listing(table)
+
+
+@pytest.mark.skipif(not WRITES, reason="pyiceberg 0.12 writes with pyarrow >= 18 only")
+def test_a_column_dropped_and_added_again_is_refused(tmp_path):
+    from pyiceberg.types import FloatType
+    table = catalog(tmp_path).create_table("ns.t", schema=rows(0, 1).schema)
+    append(table, rows(0, 50))
+    with table.update_schema() as update:
+        update.delete_column("a")
+    with table.update_schema() as update:
+        update.add_column("a", FloatType())
+    assert table.scan().to_arrow()["a"].null_count == 50  # Iceberg: not the old values
+    with pytest.raises(DataError, match=r"column 'a' of .* \(field id 2\) is not the Iceberg "
+                                        r"table ns.t's column 'a'"):
+        iceberg_listing(table)
+
+
+def test_files_added_from_outside_the_location_are_read_from_their_common_folder(tmp_path):
+    cat = catalog(tmp_path)
+    table = cat.create_table("ns.t", schema=rows(0, 1).schema)
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    pq.write_table(rows(0, 40), outside / "x.parquet")
+    table.add_files([(outside / "x.parquet").as_uri()])
+    listing = iceberg_listing(table)
+    assert table_url(table, listing) == tmp_path.as_uri()
+    assert read(table) == oracle(table)
+
+
+@pytest.mark.skipif(not WRITES, reason="pyiceberg 0.12 writes with pyarrow >= 18 only")
+def test_a_partition_column_null_for_some_files_is_read_from_the_files(tmp_path):
+    table = catalog(tmp_path).create_table("ns.t", schema=rows(0, 1).schema)
+    with table.update_spec() as spec:
+        spec.add_identity("part")
+    data = rows(0, 30)
+    table.append(data.set_column(2, "part", pa.array([None if i % 3 == 0 else i % 3
+                                                      for i in range(30)], pa.int64())))
+    assert iceberg_listing(table).columns == ()
+    got = read_rows(prepare_table(table_url(table, iceberg_listing(table)),
+                                  DataSpec.of("a", extra="id"), num_workers=2, batch_size=4,
+                                  validation=None, seed=0,
+                                  listing=iceberg_listing(table)).train)
+    expected = table.scan().to_arrow()
+    assert sorted(zip(got["id"].tolist(), got["a"].tolist())) == \
+        sorted(zip(expected["id"].to_pylist(), expected["a"].to_pylist()))
