@@ -9,7 +9,7 @@ import sys
 import time
 from datetime import date
 from pathlib import Path
-from typing import Callable
+from typing import Any, Callable
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -168,3 +168,55 @@ def _fmt(v: object) -> str:
     if isinstance(v, float):
         return f"{v:.3g}" if abs(v) < 1000 else f"{v:,.0f}"
     return str(v)
+
+
+def traced_fit(est: Any, df: Any, store: Path) -> dict:
+    """``est.fit(df)`` timed, with the trace's phases (prepare, stage) and the history's row
+    counts; whether the data was read in place (nothing under the store's data/)."""
+    from tracing import Trace
+    trace = Trace()
+    try:
+        start = time.time()
+        model = est.fit(df)
+        end = time.time()
+        prep = trace.span("prepare")
+        stage = trace.span("run_stage")
+    finally:
+        trace.close()
+    h = model.history
+    data = store / "data"
+    return {"wall_s": end - start, "loop_s": sum(r["epoch_time_s"] for r in h),
+            "final_loss": h[-1]["train_loss"], "epoch_times": [r["epoch_time_s"] for r in h],
+            "rows_trained": [r.get("rows_trained") for r in h],
+            "rows_skipped": [r.get("rows_skipped") for r in h],
+            "in_place": not (data.exists() and any(data.iterdir())),
+            "phases": [("before prepare (driver checks)", prep[0] - start),
+                       ("prepare (plan or materialize the data)", prep[1] - prep[0]),
+                       ("prepare -> stage starts", stage[0] - prep[1]),
+                       ("stage (launch, train, teardown)", stage[1] - stage[0]),
+                       ("stage -> model returned", end - stage[1])]}
+
+
+def start_run(prefix: str, scratch: str | None) -> tuple[Path, float, dict[str, float]]:
+    """A benchmark's work directory (under ``scratch`` where given), its start time and the
+    load at the start; the peers' and the progress bar's chatter silenced."""
+    import logging
+    import tempfile
+    logging.getLogger("TorchDistributor").setLevel(logging.ERROR)
+    logging.getLogger("sparkddl.progress").setLevel(logging.WARNING)
+    if scratch:
+        Path(scratch).mkdir(parents=True, exist_ok=True)
+    work = Path(tempfile.mkdtemp(prefix=prefix, dir=scratch))
+    return work, time.perf_counter(), {"load_1min_at_start": os.getloadavg()[0]}
+
+
+def end_run(work: Path, keep: bool, started: float, timings: dict[str, float]) -> None:
+    """The work directory removed (unless kept), the total time and the load at the end
+    (2 cores: other work shows here) added to ``timings``."""
+    import shutil
+    if keep:
+        print(f"kept {work}")
+    else:
+        shutil.rmtree(work, ignore_errors=True)
+    timings["total_s"] = time.perf_counter() - started
+    timings["load_1min_at_end"] = os.getloadavg()[0]

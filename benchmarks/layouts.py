@@ -55,11 +55,7 @@ Cold fits on the "full+remainder" table, in the same session, in this order:
 from __future__ import annotations
 
 import argparse
-import logging
-import os
-import shutil
 import sys
-import tempfile
 import time
 import warnings
 from collections import defaultdict
@@ -68,7 +64,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import digits_parquet, local_spark, md_table, mlp, spawn_ranks  # noqa: E402
+from common import (digits_parquet, local_spark, md_table, mlp, spawn_ranks,  # noqa: E402
+                    end_run, start_run, traced_fit)
 
 FULL, ONE, FEWER, SKEWED, SINGLE = ("full+remainder", "one group per file",
                                     "fewer files than ranks", "skewed files", "single file")
@@ -363,7 +360,6 @@ def fit_sparkddl(spark: Any, table: str, hp: Any, work: Path, cache_mb: int = 0
     import torch
 
     from sparkddl import TorchEstimator
-    from tracing import Trace
 
     df = spark.read.parquet(f"file://{table}")
     df.count()
@@ -375,27 +371,7 @@ def fit_sparkddl(spark: Any, table: str, hp: Any, work: Path, cache_mb: int = 0
                          labelCol="label", batchSize=hp.batch, epochs=hp.epochs, numWorkers=2,
                          store=f"file://{store}", seed=hp.seed, progress=False,
                          epochCacheMB=cache_mb)
-    trace = Trace()
-    try:
-        start = time.time()
-        model = est.fit(df)
-        end = time.time()
-        prep = trace.span("prepare")
-        stage = trace.span("run_stage")
-    finally:
-        trace.close()
-    h = model.history
-    data = store / "data"
-    return {"wall_s": end - start, "loop_s": sum(r["epoch_time_s"] for r in h),
-            "final_loss": h[-1]["train_loss"], "epoch_times": [r["epoch_time_s"] for r in h],
-            "rows_trained": [r.get("rows_trained") for r in h],
-            "rows_skipped": [r.get("rows_skipped") for r in h],
-            "in_place": not (data.exists() and any(data.iterdir())),
-            "phases": [("before prepare (driver checks)", prep[0] - start),
-                       ("prepare (plan the data)", prep[1] - prep[0]),
-                       ("prepare -> stage starts", stage[0] - prep[1]),
-                       ("stage (launch, train, teardown)", stage[1] - stage[0]),
-                       ("stage -> model returned", end - stage[1])]}
+    return traced_fit(est, df, store)
 
 
 def fits(spark: Any, table: str, hp: Any, work: Path, repeats: int, cache_mb: int = 0
@@ -570,13 +546,7 @@ def main(args: argparse.Namespace) -> None:
     worlds = [int(w) for w in args.worlds.split(",") if w]
     planner_worlds = [int(w) for w in args.planner_worlds.split(",") if w]
     hp = side_by_side.Hyper(epochs=args.epochs, batch=args.batch)
-    logging.getLogger("TorchDistributor").setLevel(logging.ERROR)
-    logging.getLogger("sparkddl.progress").setLevel(logging.WARNING)
-    if args.scratch:
-        Path(args.scratch).mkdir(parents=True, exist_ok=True)
-    work = Path(tempfile.mkdtemp(prefix="sparkddl-layouts-", dir=args.scratch))
-    started = time.perf_counter()
-    timings: dict[str, float] = {"load_1min_at_start": os.getloadavg()[0]}
+    work, started, timings = start_run("sparkddl-layouts-", args.scratch)
     try:
         n_rows = digits_parquet(work / "source", tiles=args.tiles)
         t = time.perf_counter()
@@ -607,12 +577,7 @@ def main(args: argparse.Namespace) -> None:
         finally:
             spark.stop()
     finally:
-        if args.keep:
-            print(f"kept {work}")
-        else:
-            shutil.rmtree(work, ignore_errors=True)
-    timings["total_s"] = time.perf_counter() - started
-    timings["load_1min_at_end"] = os.getloadavg()[0]  # 2 cores: other work shows here
+        end_run(work, args.keep, started, timings)
     report(args, rows, layouts, fit_rows, checks, timings, n_rows, hp, worlds, parts)
 
 

@@ -18,8 +18,13 @@ A deletion-vector file starts with a version byte (1); at each bitmap's offset c
 (4 bytes, big-endian), the bitmap, and the CRC-32 of the bitmap (4 bytes, big-endian). One
 file may hold the bitmaps of many data files.
 
+Iceberg's positional delete files (``storage`` "iceberg-positions") are Parquet files of
+``file_path`` and ``pos`` (a deleted row's position in the data file ``file_path``), one file
+perhaps for many data files, a data file perhaps deleted from by several. The rank reading a
+data file reads the rows of its delete files that name it (as the manifests write its path).
+
 Nothing here builds a dense mask of a whole file: a bitmap is decoded to the sorted indexes
-it deletes (8 bytes a deleted row), and a reader asks for the deleted rows of one row group
+it deletes (4 bytes a deleted row), and a reader asks for the deleted rows of one row group
 at a time. A rank reads the bitmaps of the files it reads, and no others.
 """
 from __future__ import annotations
@@ -46,7 +51,8 @@ _Z85_VALUE = {c: i for i, c in enumerate(_Z85)}
 _COOKIE_NO_RUNS = 12346
 _COOKIE = 12347
 _NO_OFFSET_THRESHOLD = 4
-# bytes of decoded deletion vectors a process keeps (8 a deleted row): a rank reads its
+ICEBERG = "iceberg-positions"  # an Iceberg positional delete file
+# bytes of decoded deletion vectors a process keeps (4 a deleted row): a rank reads its
 # files' again every epoch, in a seeded order of row groups
 _CACHED_BYTES = 64 << 20
 
@@ -54,22 +60,27 @@ _CACHED_BYTES = 64 << 20
 @dataclass(frozen=True)
 class DeletionVector:
     """The deletion-vector descriptor of one data file, as the Delta log gives it, with the
-    file that holds the bitmap resolved to a path of the table's filesystem (``u``, ``p``)."""
+    file that holds the bitmap resolved to a path of the table's filesystem (``u``, ``p``);
+    or an Iceberg positional delete file that applies to one (``iceberg-positions``)."""
 
-    storage: str  # "i", "u" or "p"
-    where: str  # pathOrInlineDv as logged
+    storage: str  # "i", "u", "p" or "iceberg-positions"
+    where: str  # pathOrInlineDv as logged (Iceberg: the data file's path as deletes name it)
     offset: int | None  # of the bitmap's size field in its file (``u``, ``p``)
-    size: int  # sizeInBytes: of the bitmap
-    cardinality: int  # rows deleted
-    file: str = ""  # the bitmap's file in the table's filesystem (``u``, ``p``)
+    size: int  # sizeInBytes: of the bitmap (Iceberg: of the delete file)
+    cardinality: int  # rows deleted (Iceberg: the delete file's rows, of all its data files)
+    file: str = ""  # the bitmap's (delete) file in the table's filesystem (``u``, ``p``)
 
     @property
     def key(self) -> str:
         """The descriptor's identity in the log (with the data file's path: an add's key)."""
+        if self.storage == ICEBERG:
+            return f"{self.storage}:{self.file}@{self.size}"
         return f"{self.storage}{self.where}" + (f"@{self.offset}" if self.offset is not None
                                                else "")
 
     def describe(self) -> str:
+        if self.storage == ICEBERG:
+            return f"its Iceberg positional delete file {self.file}"
         if self.storage == "i":
             return f"its inline deletion vector ({self.size} bytes)"
         return f"its deletion vector in {self.file} at offset {self.offset}"
@@ -128,6 +139,8 @@ def load(dv: DeletionVector, filesystem: Any, data_file: str, rows: int) -> np.n
     against the descriptor: size, CRC-32, cardinality, every index inside the file.
     DataError naming the data file and the deletion vector otherwise."""
     where = f"{dv.describe()}, for the data file {data_file}"
+    if dv.storage == ICEBERG:
+        return positions(dv, filesystem, where, rows)
     try:
         data = _bytes(dv, filesystem)
         deleted = decode(data)
@@ -145,6 +158,45 @@ def load(dv: DeletionVector, filesystem: Any, data_file: str, rows: int) -> np.n
         raise DataError(f"{where} deletes row {int(deleted[-1])}, beyond the file's {rows} "
                         "rows; the deletion vector is not this file's (the table is damaged)")
     return deleted
+
+
+def positions(dv: DeletionVector, filesystem: Any, where: str, rows: int) -> np.ndarray:
+    """The sorted unique positions the Iceberg positional delete file ``dv.file`` deletes
+    from the data file it names ``dv.where`` (its other data files' rows skipped: by their
+    row groups' statistics where the file has them), each checked to be below ``rows``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    found = []
+    try:
+        with filesystem.open_input_file(dv.file) as f:
+            parquet = pq.ParquetFile(f)
+            names = parquet.schema_arrow.names
+            if "file_path" not in names or "pos" not in names:
+                raise ValueError(f"it has columns {names}, not file_path and pos")
+            column = names.index("file_path")
+            for index in range(parquet.metadata.num_row_groups):
+                stats = parquet.metadata.row_group(index).column(column).statistics
+                if stats is not None and stats.has_min_max and isinstance(stats.min, str) \
+                        and not stats.min <= dv.where <= stats.max:
+                    continue  # the delete file is sorted by file_path: another file's rows
+                part = parquet.read_row_group(index, columns=["file_path", "pos"])
+                found.append(part["pos"].filter(pc.equal(part["file_path"], dv.where))
+                             .to_numpy(zero_copy_only=False))
+    except FileNotFoundError:
+        raise DataError(f"{where}: the delete file is gone (expired or moved); the table is "
+                        "damaged, or changed while it was read: read it again, or train on a "
+                        "fixed snapshot") from None
+    except (ValueError, TypeError, KeyError, OSError, pa.ArrowException) as exc:
+        raise DataError(f"{where} cannot be read: {exc}; the table is damaged (read it "
+                        "through Spark with Iceberg's runtime jar to check it)") from None
+    deleted = np.unique(np.concatenate(found)) if found else np.zeros(0, np.int64)
+    if len(deleted) and (deleted[0] < 0 or deleted[-1] >= rows):
+        bad = int(deleted[0] if deleted[0] < 0 else deleted[-1])
+        raise DataError(f"{where} deletes row {bad}, beyond the file's {rows} rows; the "
+                        "delete file does not fit the data file (the table is damaged)")
+    return deleted.astype(np.uint64)
 
 
 def _bytes(dv: DeletionVector, filesystem: Any) -> bytes:
@@ -245,12 +297,13 @@ def roaring32(data: bytes, pos: int) -> tuple[np.ndarray, int]:
 
 
 class Deletes:
-    """The deletion vectors of a table's files, by data file; decoded on first use, a few
-    kept per process (the files a rank reads, read again every epoch)."""
+    """The deletion vectors of a table's files, by data file (one, or a tuple of them: the
+    Iceberg delete files that apply to it); decoded on first use, a few kept per process
+    (the files a rank reads, read again every epoch)."""
 
-    def __init__(self, vectors: dict[str, DeletionVector]):
+    def __init__(self, vectors: dict[str, DeletionVector | tuple[DeletionVector, ...]]):
         self.vectors = vectors
-        self._decoded: OrderedDict[tuple[str, DeletionVector], np.ndarray] = OrderedDict()
+        self._decoded: OrderedDict[tuple[str, Any], np.ndarray] = OrderedDict()
         self._lock = threading.Lock()  # the reader's threads share it
 
     def __bool__(self) -> bool:
@@ -268,7 +321,14 @@ class Deletes:
             if found is not None:
                 self._decoded.move_to_end(key)
                 return found
-        found = load(dv, filesystem, path, rows)  # outside the lock: a read, maybe remote
+        # outside the lock: reads, maybe remote
+        if isinstance(dv, DeletionVector):
+            found = load(dv, filesystem, path, rows)
+        else:
+            parts = [load(d, filesystem, path, rows) for d in dv]
+            found = np.unique(np.concatenate(parts)) if parts else np.zeros(0, np.uint64)
+        if rows <= 1 << 32:  # 4 bytes a deleted row where the file's indexes fit
+            found = found.astype(np.uint32)
         with self._lock:
             self._decoded[key] = found
             held = sum(a.nbytes for a in self._decoded.values())
@@ -283,11 +343,13 @@ class Deletes:
         deleted = self.deleted(filesystem, path, file_rows)
         if deleted is None:
             return None
-        lo, hi = np.searchsorted(deleted, [first, first + count])
+        lo, hi = np.searchsorted(deleted, np.array([first, first + count], deleted.dtype)
+                                 if first + count <= np.iinfo(deleted.dtype).max else
+                                 [first, first + count])
         if lo == hi:
             return None
         mask = np.ones(count, bool)
-        mask[(deleted[lo:hi] - np.uint64(first)).astype(np.int64)] = False
+        mask[deleted[lo:hi].astype(np.int64) - first] = False
         return mask
 
     def __getstate__(self) -> dict[str, Any]:  # shipped in plans: descriptors, never bitmaps
@@ -300,7 +362,12 @@ class Deletes:
         return isinstance(other, Deletes) and other.vectors == self.vectors
 
     def __hash__(self) -> int:
-        return hash(tuple(sorted((p, v.key) for p, v in self.vectors.items())))
+        return hash(tuple(sorted((p, *keys(v)) for p, v in self.vectors.items())))
+
+
+def keys(vectors: DeletionVector | tuple[DeletionVector, ...]) -> list[str]:
+    """The keys of one data file's descriptor or descriptors."""
+    return [vectors.key] if isinstance(vectors, DeletionVector) else [v.key for v in vectors]
 
 
 def identity(listing: Any) -> list[list[str]]:
@@ -308,4 +375,4 @@ def identity(listing: Any) -> list[list[str]]:
     that rewrites none of the data files changes them alone."""
     if listing is None or not listing.deletes:
         return []
-    return sorted([p, v.key] for p, v in listing.deletes.vectors.items())
+    return sorted([p, *keys(v)] for p, v in listing.deletes.vectors.items())

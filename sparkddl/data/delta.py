@@ -238,9 +238,12 @@ def listing_of(store: Store, table: Any) -> Listing:
     types = [_type(c, [v[i] for v in values], store.url()) for i, c in enumerate(parts)]
     deletes = {paths[i]: descriptor(vectors[unquote(rel[i])], root, store, paths[i])
                for i in range(len(rel)) if vectors.get(unquote(rel[i]))}
+    records = actions.column("num_records").to_pylist() if "num_records" in names \
+        else [None] * len(rel)
     return Listing(tuple(paths[i] for i in order), tuple(parts), tuple(types),
                    tuple(tuple(values[i]) for i in order) if parts else (),
-                   Deletes(deletes) if deletes else None, column_mapping(table))
+                   Deletes(deletes) if deletes else None, column_mapping(table),
+                   tuple(-1 if records[i] is None else int(records[i]) for i in order))
 
 
 def _path(store: Store, root: str, path: str) -> str:

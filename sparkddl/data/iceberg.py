@@ -8,10 +8,12 @@ What is read in place and what is refused, file by file:
 - identity-partition values become partition columns of the :class:`Listing` (numbers,
   booleans and strings, where no file's value is null; the files hold those columns too, as
   Iceberg writes them);
-- a file with delete files is refused: pyiceberg writes copy-on-write deletes only (its
-  ``delete`` rewrites files; with ``write.delete.mode=merge-on-read`` it warns and falls back
-  to copy-on-write), so positional and equality delete files come from other writers, and
-  sparkddl does not apply them yet;
+- positional delete files (Parquet, as Spark and Flink write them with merge-on-read;
+  pyiceberg's own ``delete`` rewrites files) are applied as row masks, like Delta's deletion
+  vectors (:mod:`sparkddl.data.deletes`): the listing names each data file's delete files,
+  and the rank that reads a data file reads the positions they delete from it;
+- equality delete files, and deletion vectors in Puffin files (format version 3), are
+  refused, saying why;
 - Iceberg matches a file's columns to the table's by field id, a reader of Parquet by name: a
   file whose column has another name than the table's column of the same id (a rename), or a
   table column's name but another id (a column dropped and added again), is refused, naming
@@ -22,6 +24,8 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
+from sparkddl.data.deletes import ICEBERG, DeletionVector, Deletes
+from sparkddl.data.delta import _file_rows, _union
 from sparkddl.data.listing import Listing
 from sparkddl.data.plan import parquet_file
 from sparkddl.errors import DataError
@@ -32,48 +36,70 @@ FIELD_ID = b"PARQUET:field_id"
 # Iceberg's primitive types read in place as partition columns, as Arrow type names
 ARROW_TYPES = {"int": "int32", "long": "int64", "float": "float32", "double": "float64",
                "boolean": "bool", "string": "string"}
-_MERGE_ON_READ = ("pyiceberg writes copy-on-write deletes only; merge-on-read deletes are not "
-                  "applied yet: read the table through Spark (with Iceberg's runtime jar, "
-                  "spark.table(...)) and it is materialized")
+_MERGE_ON_READ = ("sparkddl applies positional delete files in Parquet only: read the table "
+                  "through Spark (with Iceberg's runtime jar, spark.table(...)) and it is "
+                  "materialized, or rewrite its data files (Iceberg's rewrite_data_files)")
 
 
 def iceberg_listing(table: Any) -> Listing:
     """The data files of the current snapshot of the pyiceberg ``table`` (filesystem paths,
-    sorted) with its identity-partition values. DataError for delete files (positional or
-    equality) and for files whose columns are not the table's by name (renames)."""
+    sorted) with its identity-partition values and its positional delete files (descriptors:
+    the ranks read them). DataError for equality delete files, delete files not in Parquet,
+    and files whose columns are not the table's by name (renames)."""
     name = _name(table)
     try:
         tasks = list(table.scan().plan_files())
     except ValueError as exc:
         if "equality delete" not in str(exc):
             raise
-        raise DataError(f"the Iceberg table {name} has equality delete files; "
-                        f"{_MERGE_ON_READ}") from None
-    for task in tasks:
-        if task.delete_files:
-            kinds = sorted({str(d.content.name).lower().replace("_", " ")
-                            for d in task.delete_files})
-            raise DataError(f"the Iceberg table {name} has {' and '.join(kinds)} file(s) for "
-                            f"{task.file.file_path}; {_MERGE_ON_READ}")
+        raise DataError(f"the Iceberg table {name} has equality delete files, which "
+                        f"sparkddl does not apply; {_MERGE_ON_READ}") from None
     stores = {task.file.file_path: Store.from_uri(task.file.file_path) for task in tasks}
     paths = {uri: s.fs_path(s.url()) for uri, s in stores.items()}
     order = sorted(tasks, key=lambda t: paths[t.file.file_path])
     columns, types, values = _partitions(table, [t.file for t in order])
-    listing = Listing(tuple(paths[t.file.file_path] for t in order), columns, types, values)
+    vectors = {paths[t.file.file_path]: _delete_files(t, name) for t in order if t.delete_files}
+    listing = Listing(tuple(paths[t.file.file_path] for t in order), columns, types, values,
+                      Deletes(vectors) if vectors else None)
     if stores:
         check_columns(table, next(iter(stores.values())).filesystem(), listing.paths, name)
     return listing
 
 
+def _delete_files(task: Any, name: str) -> tuple[DeletionVector, ...]:
+    """The descriptors of the positional delete files of a scan task's data file (sorted by
+    path); DataError for an equality delete file or one not in Parquet."""
+    from pyiceberg.manifest import DataFileContent, FileFormat
+
+    found = {}
+    for d in task.delete_files:
+        if d.content != DataFileContent.POSITION_DELETES:
+            kind = str(d.content.name).lower().replace("_", " ")
+            raise DataError(f"the Iceberg table {name} has {kind} file {d.file_path} for "
+                            f"{task.file.file_path}; {_MERGE_ON_READ}")
+        if d.file_format != FileFormat.PARQUET:
+            raise DataError(f"the Iceberg table {name} has a positional delete file "
+                            f"{d.file_path} in {d.file_format.name} for {task.file.file_path} "
+                            f"(deletion vectors in Puffin files, or ORC); {_MERGE_ON_READ}")
+        store = Store.from_uri(d.file_path)
+        path = store.fs_path(store.url())
+        found[path] = DeletionVector(ICEBERG, task.file.file_path, None,
+                                     int(d.file_size_in_bytes), int(d.record_count), path)
+    return tuple(found[p] for p in sorted(found))
+
+
 def read_iceberg(spark: Any, table_or_identifier: Any, catalog: Any = None) -> Any:
     """A DataFrame of the current snapshot of an Iceberg table that sparkddl reads in place,
     for sessions without Iceberg's Spark jar: Spark reads the files the table's manifests
-    name, not every Parquet file under its location.
+    name, not every Parquet file under its location; files with positional delete files
+    lose their deleted rows (an anti join on ``_metadata.row_index``, as for
+    :func:`sparkddl.data.delta.read_delta`), and given to a fit as it is, each rank applies
+    the delete files of the files it reads.
 
     ``table_or_identifier`` is a pyiceberg ``Table``, or its identifier (``"db.table"``) in
     ``catalog``: a pyiceberg ``Catalog``, or the name of one pyiceberg's configuration
     (``~/.pyiceberg.yaml``, ``PYICEBERG_CATALOG__*``) defines; None for its default.
-    Delete files and renamed columns: DataError, as for :func:`iceberg_listing`."""
+    Equality deletes and renamed columns: DataError, as for :func:`iceberg_listing`."""
     table = _table(table_or_identifier, catalog)
     listing = iceberg_listing(table)
     if not listing.paths:
@@ -84,8 +110,13 @@ def read_iceberg(spark: Any, table_or_identifier: Any, catalog: Any = None) -> A
     root = store.fs_path(store.url())
     # no basePath: Iceberg's files hold their identity-partition columns, and Spark's
     # inference from the folder names (types, escaping) could differ from the table's values
-    frame = spark.read.parquet(*[store.spark_url(posixpath.relpath(p, root))
-                                 for p in listing.paths])
+    deleted = listing.deletes.vectors if listing.deletes else {}
+    plain = [store.spark_url(posixpath.relpath(p, root)) for p in listing.paths
+             if p not in deleted]
+    frames = [spark.read.parquet(*plain)] if plain else []
+    if deleted:
+        frames.append(_without_deleted(spark, store, listing))
+    frame = _union(frames)
     missing = [c for c in listing.columns if c not in frame.columns]
     if missing:
         raise DataError(f"the data files of the Iceberg table {_name(table)} do not hold its "
@@ -93,6 +124,29 @@ def read_iceberg(spark: Any, table_or_identifier: Any, catalog: Any = None) -> A
                         "read the table through Spark with Iceberg's runtime jar")
     frame._sparkddl_delta = (url, listing)  # what decide() reads in place
     return frame
+
+
+def _without_deleted(spark: Any, store: Store, listing: Listing) -> Any:
+    """Spark's reading of ``listing``'s files that have delete files, less the rows they
+    delete."""
+    import numpy as np
+    import pandas as pd
+    from pyspark.sql import functions as F
+
+    fs, root = store.filesystem(), store.fs_path(store.url())
+    tagged, numbers, indexes = [], [], []
+    for n, path in enumerate(p for p in listing.paths if p in listing.deletes.vectors):
+        gone = listing.deletes.deleted(fs, path, _file_rows(fs, path))
+        numbers.append(np.full(len(gone), n, np.int32))
+        indexes.append(gone.astype(np.int64))
+        tagged.append(spark.read.parquet(store.spark_url(posixpath.relpath(path, root))).select(
+            "*", F.lit(n).alias("__sparkddl_file"),
+            F.col("_metadata.row_index").alias("__sparkddl_row")))  # its index in the file
+    gone = spark.createDataFrame(pd.DataFrame({"__sparkddl_file": np.concatenate(numbers),
+                                               "__sparkddl_row": np.concatenate(indexes)}),
+                                 "__sparkddl_file int, __sparkddl_row long")
+    return _union(tagged).join(gone, ["__sparkddl_file", "__sparkddl_row"], "left_anti") \
+        .drop("__sparkddl_file", "__sparkddl_row")
 
 
 def table_url(table: Any, listing: Listing) -> str:

@@ -38,6 +38,9 @@ class Listing:
     # column mapping (Delta): (the table's name, the name in the files, the Parquet field
     # id the files must give it, or 0 where the files are matched by name) of each column
     renames: tuple[tuple[str, str, int], ...] = ()
+    # rows of each file as its table's log counts them (-1: not counted), checked against
+    # the footers: a file rewritten under the log's name holds other rows
+    records: tuple[int, ...] = ()
 
     def __post_init__(self) -> None:
         if self.columns and len(self.values) != len(self.paths):

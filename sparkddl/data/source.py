@@ -45,6 +45,8 @@ def open_parquet(url: str, spec: DataSpec, listing: Listing | None = None) -> Da
                         f"the table at {url} names files that are not there ({exc}): they were "
                         "deleted (a vacuum, an overwrite) after the table was listed; read the "
                         "table again (a new DataFrame or read_delta) and fit on that") from None
+    if listing is not None and listing.records:
+        _check_records(listing, groups, url)
     counts = [listing.kept_rows(fs, g) if listing is not None else g.rows for g in groups]
     if not sum(counts):
         raise DataError(f"no Parquet rows under {url}" + (
@@ -112,6 +114,18 @@ def open_parquet(url: str, spec: DataSpec, listing: Listing | None = None) -> Da
         check_footers(fs, groups, tuple(columns), {n: fields[n] for n in in_files},
                       first.path, partial=partial)
     return Dataset(store.url(), tuple(columns), tuple(counts), listing=listing)
+
+
+def _check_records(listing: Listing, groups: list[RowGroup], url: str) -> None:
+    """DataError where a file's footer counts other rows than the table's log (numRecords):
+    its deletion vector's row indexes would name other rows."""
+    footers = {g.path: g.file_rows for g in groups}
+    for path, logged in zip(listing.paths, listing.records):
+        if logged >= 0 and footers.get(path, logged) != logged:
+            raise DataError(f"the data file {path} of the table at {url} holds "
+                            f"{footers[path]} rows where the table's log says {logged}: it was "
+                            "rewritten under the log's name; the table is damaged (read it "
+                            "through Spark with Delta Lake to check it)")
 
 
 def _folder_partitions(root: str, groups: list[RowGroup], missing: list[str]

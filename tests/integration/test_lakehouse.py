@@ -284,3 +284,24 @@ def test_read_iceberg_gives_spark_and_the_fit_the_current_snapshot(spark_local, 
     # by its identifier in a catalog, the same files
     again = sparkddl.read_iceberg(spark_local, "ns.t", catalog=table.catalog)
     assert again._sparkddl_delta[1] == df._sparkddl_delta[1]
+
+
+@pytest.mark.timeout(180)
+def test_read_iceberg_of_a_table_with_positional_deletes_trains_on_the_rows_left(spark_local,
+                                                                                tmp_path):
+    """Positional delete files (pyiceberg's scan is the oracle): Spark's DataFrame leaves the
+    deleted rows out (an anti join on the row index), a fit reads the files in place with the
+    ranks applying the deletes; deleted rows carry the label -1."""
+    pytest.importorskip("pyiceberg")
+    from tests.unit.data.test_iceberg import labeled, with_positional_deletes
+    table, _ = with_positional_deletes(tmp_path)
+    expected = labeled(table)
+    df = sparkddl.read_iceberg(spark_local, table)
+    got = sorted((r.id, r.a, r.label) for r in df.select("id", "a", "label").collect())
+    assert got == expected and all(label >= 0 for *_, label in got)
+    spec = DataSpec.of(["a"], ["label"], ["id"])
+    prepared = prepare(df, spec, num_workers=2, batch_size=4, store=tmp_path / "store")
+    assert prepared.in_place and prepared.train.listing.deletes
+    rows = read_rows(prepared.train)
+    assert sorted(rows["id"].tolist()) == [i for i, *_ in expected]
+    assert (rows["label"] >= 0).all()

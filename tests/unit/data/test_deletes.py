@@ -236,3 +236,13 @@ def test_decoded_bitmaps_are_shared_by_reader_threads(tmp_path):
     for th in threads:
         th.join(60)
     assert not errors
+
+
+def test_a_file_rewritten_under_the_logs_name_is_refused(tmp_path):
+    import pyarrow.parquet as pq
+    t = DeltaBuilder(tmp_path / "d")
+    f = t.add_file(table_of(0, 50))
+    t.delete({f: [3]})
+    pq.write_table(table_of(0, 49), tmp_path / "d" / f)  # a row short: indexes shift
+    with pytest.raises(DataError, match=rf"{f} .* holds 49 rows where the table's log says 50"):
+        prepare_parquet(str(tmp_path / "d"), SPEC, num_workers=2, batch_size=4)

@@ -1,6 +1,7 @@
 """Iceberg tables read in place (no Spark): tables in a pyiceberg SqlCatalog on SQLite, whose
 current snapshot's rows, as pyiceberg reads them (the oracle), are the rows sparkddl reads;
-delete files and renamed columns are refused, saying why.
+positional delete files are applied as row masks (deleted rows carry a poison label, -1);
+equality delete files and renamed columns are refused, saying why.
 
 pyiceberg 0.12 writes data files only with pyarrow >= 18; on the pinned stack (pyarrow 14)
 the same rows are written by pyarrow and committed by pyiceberg (``add_files``, an overwrite
@@ -10,6 +11,7 @@ field ids in the first case, files matched through the table's name mapping in t
 from __future__ import annotations
 
 import os
+import pickle
 
 import numpy as np
 import pyarrow as pa
@@ -18,6 +20,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from sparkddl.data import DataSpec
+from sparkddl.data.arrow_source import read_sub_shard
 from sparkddl.data.local import read_rows
 from sparkddl.data.source import prepare_table
 from sparkddl.errors import DataError
@@ -161,18 +164,29 @@ def test_merge_on_read_asked_for_is_written_copy_on_write_and_read_in_place(tmp_
     assert max(i for i, _, _ in oracle(table)) == 49
 
 
-def commit_delete_file(table, content: str) -> None:
+def commit_delete_file(table, content: str, positions: dict[str, list[int]] | None = None,
+                       name: str = "", bounds: bool = True) -> None:
     """A delete file as other writers (Spark, Flink) write them with merge-on-read, committed
-    by pyiceberg: positional (the first file's rows 1 and 4) or equality (id == 3)."""
+    by pyiceberg: positional (``positions`` by data file path as the manifests write it,
+    else the first file's rows 1 and 4) or equality (id == 3). Without ``bounds`` (of
+    file_path, as Spark writes them) a positional delete file applies to every data file."""
     from pyiceberg.manifest import DataFile, DataFileContent, FileFormat
     first = sorted(table.scan().plan_files(), key=lambda t: t.file.file_path)[0].file
-    path = os.path.join(table.location().removeprefix("file://"), f"{content}-deletes.parquet")
+    path = os.path.join(table.location().removeprefix("file://"),
+                        f"{name or content}-deletes.parquet")
     if content == "position":
         ids = {b"PARQUET:field_id": b"2147483546"}, {b"PARQUET:field_id": b"2147483545"}
         schema = pa.schema([pa.field("file_path", pa.string(), False, ids[0]),
                             pa.field("pos", pa.int64(), False, ids[1])])
-        deletes = pa.table({"file_path": [first.file_path] * 2, "pos": [1, 4]}, schema=schema)
-        kind, extra = DataFileContent.POSITION_DELETES, {}
+        pairs = sorted((f, p) for f, ps in (positions or {first.file_path: [1, 4]}).items()
+                       for p in ps)  # sorted by file_path and pos, as the spec asks
+        deletes = pa.table({"file_path": [f for f, _ in pairs], "pos": [p for _, p in pairs]},
+                           schema=schema)
+        # the bounds of file_path, as Spark writes them: pyiceberg applies the delete file
+        # to the data files between them only
+        kind, extra = DataFileContent.POSITION_DELETES, {
+            "lower_bounds": {2147483546: pairs[0][0].encode()},
+            "upper_bounds": {2147483546: pairs[-1][0].encode()}} if bounds else {}
     else:
         deletes = pa.table({"id": pa.array([3], pa.int64())})
         kind, extra = DataFileContent.EQUALITY_DELETES, {"equality_ids": [1]}
@@ -186,22 +200,134 @@ def commit_delete_file(table, content: str) -> None:
         add.append_data_file(delete_file)
 
 
-def test_positional_delete_files_are_refused_saying_why(tmp_path):
-    table = build(tmp_path, partitioned=False)
-    before = len(oracle(table))
-    commit_delete_file(table, "position")
-    assert len(oracle(table)) == before - 2  # pyiceberg applies them: a real table
-    with pytest.raises(DataError, match=r"position deletes file\(s\) for .*pyiceberg writes "
-                                        r"copy-on-write deletes only; merge-on-read deletes "
-                                        r"are not applied yet"):
-        iceberg_listing(table)
+LABELED = DataSpec.of("a", "label", extra="id")
+SIZES = (40, 33, 50, 26)  # rows of the data files, row groups of 7
+# positions deleted, by data file: from files 0 and 1 by one delete file, from file 1 again
+# (some rows twice) by another; none from files 2 and 3
+DELETED = {0: [0, 6, 7, 13, 39], 1: [1, 2, 3, 4, 5, 6, 20, 32]}
+BY_FILE = ({0: [0, 6, 7, 13, 39], 1: [1, 2, 20]}, {1: [2, 3, 4, 5, 6, 32]})
+
+
+def with_positional_deletes(tmp_path, by_file=BY_FILE, bounds: bool = True):
+    """A table of four pyarrow-written files (several row groups each) and positional delete
+    files committed by pyiceberg, one per dict of ``by_file`` (data file number ->
+    positions); the rows they delete have label -1. Returns the table and its data files'
+    paths as the manifests write them, by number."""
+    table = catalog(tmp_path).create_table("ns.t", schema=pa.schema(
+        [("id", pa.int64()), ("a", pa.float32()), ("label", pa.int64())]))
+    folder = os.path.join(table.location().removeprefix("file://"), "added")
+    os.makedirs(folder)
+    uris, first = [], 0
+    for k, n in enumerate(SIZES):
+        ids = np.arange(first, first + n)
+        poison = np.isin(np.arange(n), DELETED.get(k, []))
+        path = os.path.join(folder, f"{k:05d}.parquet")
+        pq.write_table(pa.table({"id": ids, "a": ids.astype(np.float32),
+                                 "label": np.where(poison, -1, ids % 10)}), path,
+                       row_group_size=7)
+        uris.append("file://" + path)
+        first += 1000
+    table.add_files(uris)
+    for i, deletes in enumerate(by_file):
+        commit_delete_file(table, "position", {uris[k]: v for k, v in deletes.items()},
+                           f"pos{i}", bounds)
+    return table, uris
+
+
+def labeled(table) -> list[tuple]:
+    got = table.scan().to_arrow()
+    return sorted(zip(got["id"].to_pylist(), got["a"].to_pylist(), got["label"].to_pylist()))
+
+
+@pytest.mark.parametrize("bounds", [True, False], ids=["bounds", "no-bounds"])
+def test_positional_delete_files_are_applied_by_the_ranks_as_pyiceberg_applies_them(tmp_path,
+                                                                                  bounds):
+    """With file_path bounds (as Spark writes them) a delete file applies to the files it
+    names; without, to every file of the table, which keeps the rows it names for none."""
+    table, uris = with_positional_deletes(tmp_path, bounds=bounds)
+    expected = labeled(table)  # pyiceberg applies positional deletes: the oracle
+    assert len(expected) == sum(SIZES) - sum(len(v) for v in DELETED.values())
+    assert all(label >= 0 for *_, label in expected)
+    listing = iceberg_listing(table)
+    vectors = listing.deletes.vectors
+    assert [len(v) for v in vectors.values()] == ([1, 2] if bounds else [2, 2, 2, 2])
+    assert {v.where for d in vectors.values() for v in d} == set(uris[:2] if bounds else uris)
+    prepared = prepare_table(table_url(table, listing), LABELED, num_workers=3, batch_size=4,
+                             validation=None, seed=0, listing=listing)
+    assert prepared.train.rows == len(expected)
+    got = read_rows(prepared.train)
+    assert sorted(zip(got["id"].tolist(), got["a"].tolist(), got["label"].tolist())) == \
+        expected
+    # every rank its own rows, and together every row not deleted, once
+    plan = prepared.train.plan(3, 4)
+    seen = []
+    for rank in range(3):
+        mine = [row for t in read_sub_shard(plan, rank, 0, 0, 1)
+                for row in zip(t.column("id").to_pylist(), t.column("a").to_pylist(),
+                               t.column("label").to_pylist())]
+        assert len(mine) == plan.rows_per_rank[rank]
+        seen += mine
+    assert sorted(seen) == expected
+    # plans ship the descriptors, never the positions
+    assert set(listing.deletes.__getstate__()) == {"vectors"}
+    assert pickle.loads(pickle.dumps(listing.deletes)) == listing.deletes
+
+
+def test_a_partitioned_table_with_a_positional_delete_file_reads_as_pyiceberg(tmp_path):
+    table = build(tmp_path)
+    before = oracle(table)
+    commit_delete_file(table, "position")  # the first file's rows 1 and 4, its partition's
+    assert len(oracle(table)) == len(before) - 2
+    assert read(table) == oracle(table)
+
+
+def test_a_validation_split_holds_no_deleted_row(tmp_path):
+    table, _ = with_positional_deletes(tmp_path)
+    expected = labeled(table)
+    listing = iceberg_listing(table)
+    data = prepare_table(table_url(table, listing), LABELED, num_workers=2, batch_size=4,
+                         validation=0.3, seed=2, listing=listing)
+    train, val = read_rows(data.train), read_rows(data.val)
+    assert data.train.rows == len(train["id"]) and data.val.rows == len(val["id"])
+    assert (train["label"] >= 0).all() and (val["label"] >= 0).all()
+    ids = train["id"].tolist() + val["id"].tolist()
+    assert sorted(ids) == [i for i, _, _ in expected] and len(set(ids)) == len(ids)
+
+
+def test_a_positional_delete_changes_the_fingerprint(tmp_path):
+    table, uris = with_positional_deletes(tmp_path, by_file=BY_FILE[:1])
+
+    def fingerprint():
+        listing = iceberg_listing(table)
+        return prepare_table(table_url(table, listing), LABELED, num_workers=2, batch_size=4,
+                             validation=None, seed=0, listing=listing).fingerprint
+    before = fingerprint()
+    commit_delete_file(table, "position", {uris[1]: BY_FILE[1][1]}, "later")
+    assert fingerprint() != before
+
+
+@pytest.mark.parametrize("damage,match", [
+    ("gone", r"positional delete file .*pos1-deletes.parquet, for the data file "
+             r".*00001.parquet: the delete file is gone"),
+    ("beyond", r"positional delete file .*pos1-deletes.parquet, for the data file "
+               r".*00001.parquet deletes row 33, beyond the file's 33 rows"),
+])
+def test_a_positional_delete_file_that_does_not_fit_names_both_files(tmp_path, damage, match):
+    by_file = BY_FILE if damage == "gone" else (BY_FILE[0], {1: [2, 33]})
+    table, _ = with_positional_deletes(tmp_path, by_file)
+    if damage == "gone":
+        os.remove(os.path.join(table.location().removeprefix("file://"), "pos1-deletes.parquet"))
+    listing = iceberg_listing(table)
+    with pytest.raises(DataError, match=match):
+        prepare_table(table_url(table, listing), LABELED, num_workers=2, batch_size=4,
+                      validation=None, seed=0, listing=listing)
 
 
 def test_equality_delete_files_are_refused_saying_why(tmp_path):
     table = build(tmp_path, partitioned=False)
     commit_delete_file(table, "equality")
-    with pytest.raises(DataError, match=r"has equality delete files; pyiceberg writes "
-                                        r"copy-on-write deletes only"):
+    with pytest.raises(DataError, match=r"has equality delete files, which sparkddl does not "
+                                        r"apply; sparkddl applies positional delete files"):
         iceberg_listing(table)
 
 
