@@ -175,15 +175,19 @@ def positions(dv: DeletionVector, filesystem: Any, where: str, rows: int) -> np.
             names = parquet.schema_arrow.names
             if "file_path" not in names or "pos" not in names:
                 raise ValueError(f"it has columns {names}, not file_path and pos")
-            column = names.index("file_path")
+            leaves = [parquet.schema.column(i).path for i in range(len(parquet.schema))]
+            column = leaves.index("file_path")  # a leaf's index: statistics are by leaf
             for index in range(parquet.metadata.num_row_groups):
                 stats = parquet.metadata.row_group(index).column(column).statistics
                 if stats is not None and stats.has_min_max and isinstance(stats.min, str) \
                         and not stats.min <= dv.where <= stats.max:
                     continue  # the delete file is sorted by file_path: another file's rows
                 part = parquet.read_row_group(index, columns=["file_path", "pos"])
+                if part["file_path"].null_count or part["pos"].null_count:
+                    raise ValueError("it has null file_path or pos values, which the Iceberg "
+                                     "spec requires")
                 found.append(part["pos"].filter(pc.equal(part["file_path"], dv.where))
-                             .to_numpy(zero_copy_only=False))
+                             .cast(pa.int64()).to_numpy(zero_copy_only=False))
     except FileNotFoundError:
         raise DataError(f"{where}: the delete file is gone (expired or moved); the table is "
                         "damaged, or changed while it was read: read it again, or train on a "

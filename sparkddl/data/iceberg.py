@@ -59,8 +59,11 @@ def iceberg_listing(table: Any) -> Listing:
     order = sorted(tasks, key=lambda t: paths[t.file.file_path])
     columns, types, values = _partitions(table, [t.file for t in order])
     vectors = {paths[t.file.file_path]: _delete_files(t, name) for t in order if t.delete_files}
+    # each file's row count in its manifest, checked against its footer: positions of a file
+    # rewritten under the same name would name other rows
     listing = Listing(tuple(paths[t.file.file_path] for t in order), columns, types, values,
-                      Deletes(vectors) if vectors else None)
+                      Deletes(vectors) if vectors else None,
+                      records=tuple(int(t.file.record_count) for t in order))
     if stores:
         check_columns(table, next(iter(stores.values())).filesystem(), listing.paths, name)
     return listing

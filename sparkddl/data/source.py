@@ -117,15 +117,15 @@ def open_parquet(url: str, spec: DataSpec, listing: Listing | None = None) -> Da
 
 
 def _check_records(listing: Listing, groups: list[RowGroup], url: str) -> None:
-    """DataError where a file's footer counts other rows than the table's log (numRecords):
-    its deletion vector's row indexes would name other rows."""
+    """DataError where a file's footer counts other rows than the table's log (Delta's
+    numRecords) or manifest (Iceberg's record_count): its deletes would name other rows."""
     footers = {g.path: g.file_rows for g in groups}
     for path, logged in zip(listing.paths, listing.records):
         if logged >= 0 and footers.get(path, logged) != logged:
             raise DataError(f"the data file {path} of the table at {url} holds "
                             f"{footers[path]} rows where the table's log says {logged}: it was "
-                            "rewritten under the log's name; the table is damaged (read it "
-                            "through Spark with Delta Lake to check it)")
+                            "rewritten under the name the log gives it; the table is damaged "
+                            "(read it through Spark with its table format's jar to check it)")
 
 
 def _folder_partitions(root: str, groups: list[RowGroup], missing: list[str]

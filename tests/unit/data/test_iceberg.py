@@ -388,3 +388,42 @@ def test_a_partition_column_null_for_some_files_is_read_from_the_files(tmp_path)
     expected = table.scan().to_arrow()
     assert sorted(zip(got["id"].tolist(), got["a"].tolist())) == \
         sorted(zip(expected["id"].to_pylist(), expected["a"].to_pylist()))
+
+
+def test_positional_delete_files_are_read_row_group_by_row_group_whatever_their_columns(
+        tmp_path):
+    """A delete file of several row groups sorted by file_path (skipped by their statistics),
+    one with a nested column before file_path (statistics are per leaf), and one with a null
+    position (refused: the spec requires both columns)."""
+    from pyarrow import fs as pafs
+
+    from sparkddl.data.deletes import DeletionVector, load
+    local = pafs.LocalFileSystem()
+    pairs = sorted((f"file:///d/{k}.parquet", p) for k in range(5) for p in range(k, 40, 7))
+
+    def delete_file(name: str, table: pa.Table, **options) -> DeletionVector:
+        pq.write_table(table, tmp_path / name, **options)
+        return DeletionVector("iceberg-positions", "", None, 0, -1, str(tmp_path / name))
+
+    plain = pa.table({"file_path": [f for f, _ in pairs], "pos": [p for _, p in pairs]})
+    nested = pa.table({"row": [{"x": "zzz", "y": "zzz"}] * len(pairs), **plain.to_pydict()})
+    for dv in (delete_file("plain.parquet", plain, row_group_size=3),
+               delete_file("nested.parquet", nested, row_group_size=4)):
+        for k in range(5):
+            where = f"file:///d/{k}.parquet"
+            got = load(DeletionVector(dv.storage, where, None, 0, -1, dv.file), local, where, 40)
+            assert got.tolist() == list(range(k, 40, 7))
+    bad = delete_file("null.parquet", pa.table({"file_path": ["f", "f"],
+                                                "pos": pa.array([5, None], pa.int64())}))
+    with pytest.raises(DataError, match="null file_path or pos"):
+        load(DeletionVector(bad.storage, "f", None, 0, -1, bad.file), local, "f", 40)
+
+
+def test_a_data_file_rewritten_under_its_name_is_refused(tmp_path):
+    table, uris = with_positional_deletes(tmp_path)
+    path = uris[0].removeprefix("file://")
+    pq.write_table(pq.read_table(path).slice(0, 39), path)  # a row short: positions shift
+    listing = iceberg_listing(table)
+    with pytest.raises(DataError, match="holds 39 rows where the table's log says 40"):
+        prepare_table(table_url(table, listing), LABELED, num_workers=2, batch_size=4,
+                      validation=None, seed=0, listing=listing)
