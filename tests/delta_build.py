@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import quote
 
 import pyarrow as pa
+import pyarrow.compute  # noqa: F401 - pa.compute
 import pyarrow.parquet as pq
 
 Z85 = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ.-:+=^!/*?&<>()[]{}@%$#"
@@ -215,8 +216,9 @@ class DeltaBuilder:
         self.commit(actions)
         return descriptors
 
-    def checkpoint(self) -> None:
-        """A classic single-file checkpoint of the current version (and _last_checkpoint)."""
+    def checkpoint(self, v2: bool = False) -> None:
+        """A checkpoint of the current version (and _last_checkpoint): classic, one Parquet
+        file; or ``v2``, a JSON file naming a Parquet sidecar that holds the adds."""
         head = self._replay_head()
         rows = [{"protocol": head["protocol"]}, {"metaData": head["metaData"]}]
         rows += [{"add": {**a, "partitionValues": list(a["partitionValues"].items())}}
@@ -250,6 +252,22 @@ class DeltaBuilder:
                                  meta_type),
             "add": pa.array([r.get("add") for r in rows], add_type)})
         log = self.path / "_delta_log"
+        if v2:
+            (log / "_sidecars").mkdir(exist_ok=True)
+            sidecar = f"{uuid.uuid4()}.parquet"
+            pq.write_table(table.select(["add"]).filter(pa.compute.is_valid(table["add"])),
+                           log / "_sidecars" / sidecar)
+            lines = [{"checkpointMetadata": {"version": self.version}},
+                     {"protocol": head["protocol"]}, {"metaData": head["metaData"]},
+                     {"sidecar": {"path": sidecar, "sizeInBytes":
+                                  (log / "_sidecars" / sidecar).stat().st_size,
+                                  "modificationTime": int(time.time() * 1000)}}]
+            name = f"{self.version:020d}.checkpoint.{uuid.uuid4()}.json"
+            (log / name).write_text("\n".join(json.dumps(x) for x in lines) + "\n")
+            (log / "_last_checkpoint").write_text(json.dumps({"version": self.version,
+                                                              "size": len(lines)}))
+            self.checkpoints.append(self.version)
+            return
         pq.write_table(table, log / f"{self.version:020d}.checkpoint.parquet")
         (log / "_last_checkpoint").write_text(json.dumps({"version": self.version,
                                                           "size": len(rows)}))

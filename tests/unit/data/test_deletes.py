@@ -59,13 +59,13 @@ def oracle(path) -> list[float]:
     return sorted(result.read_all().column("x").to_pylist())
 
 
-def build(path, partitioned: bool = False, mapping: str | None = None
-          ) -> tuple[DeltaBuilder, list[float]]:
+def build(path, partitioned: bool = False, mapping: str | None = None,
+          features: tuple[str, ...] | None = None) -> tuple[DeltaBuilder, list[float]]:
     """Four files of several row groups; deletes of every storage type, two bitmaps in one
     deletion-vector file, a file deleted from twice, a file with none."""
     deletes = {0: [0, 3, 5, 40, 99], 1: [7], 2: list(range(60, 90)) + [229], 3: []}
     t = DeltaBuilder(path, partition_columns=("part",) if partitioned else (),
-                     column_mapping=mapping)
+                     column_mapping=mapping, **({"features": features} if features else {}))
     files = [t.add_file(table_of(1000 * k, n, set(deletes[k])), row_group_size=30,
                         partition={"part": k % 2} if partitioned else None)
              for k, n in enumerate([100, 57, 230, 45])]
@@ -104,9 +104,11 @@ def test_every_storage_type_is_applied_on_the_files_that_carry_one(tmp_path):
     assert table.label_range("label") == (0, 9) and table.train.rows == len(expected)
 
 
-def test_partitioned_and_checkpointed_tables(tmp_path):
-    t, expected = build(tmp_path / "d", partitioned=True)
-    t.checkpoint()
+@pytest.mark.parametrize("v2", [False, True], ids=["classic", "v2-sidecar"])
+def test_partitioned_and_checkpointed_tables(tmp_path, v2):
+    t, expected = build(tmp_path / "d", partitioned=True,
+                        features=("deletionVectors", "v2Checkpoint") if v2 else None)
+    t.checkpoint(v2=v2)
     for v in range(t.version + 1):  # only the checkpoint tells what these commits did
         (tmp_path / "d" / "_delta_log" / f"{v:020d}.json").unlink()
     last = [p for p in t.files if p not in t.deleted][0]  # the file without deletes so far
