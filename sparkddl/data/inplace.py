@@ -49,7 +49,9 @@ def decide(df: Any, columns: list[str], kinds: dict[str, str], types: dict[str, 
     if rows_selected and reader == "petastorm":
         return Decision(None, "reader='petastorm' reads whole row groups and the validation "
                               "split of a table read in place selects rows inside them")
-    delta = getattr(df, "_sparkddl_delta", None)
+    # the instance's own attribute: a Spark Connect DataFrame answers any other name with a
+    # Column of that name
+    delta = getattr(df, "__dict__", {}).get("_sparkddl_delta")
     if delta is not None:  # sparkddl.read_delta's or read_iceberg's DataFrame, as returned
         return _delta_frame(*delta, columns, kinds, types, reader, split_column)
     jdf = getattr(df, "_jdf", None)
