@@ -19,6 +19,7 @@ import numpy as np
 from sparkddl.data.batching import value_counts
 from sparkddl.data.plan import (ShardPlan, list_row_groups, piece_order, read_errors,
                                 unreadable)
+from sparkddl.data.split import select_rows
 from sparkddl.errors import DataError
 from sparkddl.store import Store
 
@@ -56,10 +57,7 @@ def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
             except read_errors() as exc:  # deleted or rewritten under the fit
                 raise unreadable(group.path, exc, f"rank {rank}, epoch {epoch}") from exc
             kept = listing.keep(filesystem, group) if listing is not None else None
-            if sel is not None:
-                table = sel.apply(root, group.path, group.index, table, names, kept=kept)
-            elif kept is not None:  # rows deleted from the file (a deletion vector)
-                table = table.filter(kept)
+            table = select_rows(sel, root, group.path, group.index, table, names, kept)
             if piece.rows != table.num_rows:  # the rows of another rank's piece: not used
                 table = table.slice(piece.start, piece.rows)
             if listing is not None:  # partition columns: constants of the file

@@ -7,9 +7,9 @@ jar), and replayed here for what deltalake does not give: each file's deletion v
 (:mod:`sparkddl.data.deletes`), which the rank reading that file applies as a row mask.
 Whether a table is read in place is decided by the reader features its protocol lists,
 against an allow-list (:data:`READER_FEATURES`), never by a table property: a table with
-deletion vectors enabled whose files carry none is read as plain files. A feature not on the
-list (column mapping among them, for now) is named in a DataError, and the table is read by
-Spark with Delta Lake (``spark.read.format("delta").load(url)``) and materialized.
+deletion vectors enabled whose files carry none is read as plain files, and column mapping
+is read by physical names. A feature not on the list is named in a DataError, and the table
+is read by Spark with Delta Lake (``spark.read.format("delta").load(url)``) and materialized.
 """
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from urllib.parse import unquote, urlparse
 from sparkddl.data.deletes import Deletes, descriptor
 from sparkddl.data.delta_log import DELTA_LOG, column_mapping, logged_vectors
 from sparkddl.data.listing import Listing
+from sparkddl.data.spark_frames import union, without_deleted
 from sparkddl.errors import DataError
 from sparkddl.store import Store
 
@@ -42,9 +43,9 @@ def is_delta(url: str) -> bool:
         return False
 
 
-def delta_listing(url: str, version: int | None = None) -> Listing | None:
-    """The files of the Delta table at ``url`` (its current version, or ``version``) with
-    their partition values, deletion vectors and column mapping; None where ``url`` is not a
+def delta_listing(url: str) -> Listing | None:
+    """The files of the current version of the Delta table at ``url`` with their partition
+    values, deletion vectors and column mapping; None where ``url`` is not a
     Delta table. DataError where it cannot be read in place (no ``deltalake``, a reader
     feature sparkddl does not apply), saying what to do."""
     if not is_delta(url):
@@ -60,8 +61,6 @@ def delta_listing(url: str, version: int | None = None) -> Listing | None:
                         "Lake") from None
     store = Store.from_uri(url)
     table = open_table(DeltaTable, store)
-    if version is not None and version != table.version():
-        table.load_as_version(version)
     why = not_in_place(table)
     if why:
         raise DataError(f"the Delta table at {url} {why}, which a reader of its Parquet files "
@@ -129,39 +128,11 @@ def _frame(spark: Any, store: Store, listing: Listing) -> Any:
     for part, files in plain.items():
         frames.append(reader.parquet(*files).select(*columns([], part)))
     if deletes:
-        import numpy as np
-        import pandas as pd
-        fs = store.filesystem()
-        tagged, numbers, indexes = [], [], []
-        for n, path in enumerate(p for p in listing.paths if p in deletes):
-            gone_here = listing.deletes.deleted(fs, path, _file_rows(fs, path))
-            numbers.append(np.full(len(gone_here), n, np.int32))
-            indexes.append(gone_here.astype(np.int64))
-            tagged.append(reader.parquet(_spark_url(store, path)).select(*columns(
-                [F.lit(n).alias("__sparkddl_file"),
-                 F.col("_metadata.row_index").alias("__sparkddl_row")],  # its index in the file
-                values(path))))
-        gone = spark.createDataFrame(  # from arrays, not a Python tuple a deleted row
-            pd.DataFrame({"__sparkddl_file": np.concatenate(numbers),
-                          "__sparkddl_row": np.concatenate(indexes)}),
-            "__sparkddl_file int, __sparkddl_row long")
-        frames.append(_union(tagged).join(gone, ["__sparkddl_file", "__sparkddl_row"],
-                                          "left_anti").drop("__sparkddl_file", "__sparkddl_row"))
-    return _union(frames)
-
-
-def _union(frames: list[Any]) -> Any:
-    """One DataFrame of ``frames``; files written before a column was added lack it."""
-    out = frames[0]
-    for frame in frames[1:]:
-        out = out.unionByName(frame, allowMissingColumns=True)
-    return out
-
-
-def _file_rows(fs: Any, path: str) -> int:
-    from sparkddl.data.plan import parquet_file
-    with parquet_file(fs, path) as f:
-        return int(f.metadata.num_rows)
+        frames.append(without_deleted(
+            spark, store.filesystem(), listing,
+            lambda path, extra: reader.parquet(_spark_url(store, path)).select(
+                *columns(extra, values(path)))))
+    return union(frames)
 
 
 def _spark_url(store: Store, path: str) -> str:
@@ -176,34 +147,38 @@ def open_table(delta_table: Any, store: Store) -> Any:
     return delta_table(store.fs_path(store.url()) if store.scheme == "file" else store.url())
 
 
-def scan_reason(url: str) -> str:
-    """Why a scan of the Delta table at ``url`` by Spark with Delta Lake is not read in place
-    from the files ``inputFiles()`` lists for the scanned version ("" where it is):
-    deletion vectors or column mapping enabled, or no ``deltalake`` to tell, or a log it
-    cannot read here. Not tested here: no Delta Lake jar is reachable from the tests."""
+def scan_listing(url: str, version: int | None) -> tuple[Listing | None, str]:
+    """For a scan of the Delta table at ``url`` by Spark with Delta Lake: its files at the
+    scanned ``version`` (None: not told by Spark's plan), read in place, or None and why not
+    (no ``deltalake`` here, a log it cannot read, a reader feature not applied, or a version
+    it cannot tell while the table can have deletion vectors: the same files with other
+    deletion vectors, after a DELETE or a RESTORE, are other rows). The log is opened once.
+    Spark's side of it is not tested here: no Delta Lake jar is reachable from the tests."""
     try:
         from deltalake import DeltaTable
     except ImportError:
-        return ("it scans a Delta table, which is read in place only where the deltalake "
-                "package (pip install 'sparkddl[delta]') can check its deletion vectors and "
-                "column mapping")
+        return None, ("it scans a Delta table, which is read in place only where the deltalake "
+                      "package (pip install 'sparkddl[delta]') can read its log")
+    store = Store.from_uri(url)
     try:
-        table = open_table(DeltaTable, Store.from_uri(url))
+        table = open_table(DeltaTable, store)
+        if version is not None and version != table.version():
+            table.load_as_version(version)
     except Exception as exc:  # noqa: BLE001 - e.g. credentials only Spark holds: materialize
-        return f"its Delta log at {url} could not be read here ({type(exc).__name__})"
+        return None, (f"its Delta log at {url} could not be read here"
+                      f"{'' if version is None else f' at version {version}'} "
+                      f"({type(exc).__name__})")
     why = not_in_place(table)
-    return f"the Delta table at {url} {why}" if why else ""
-
-
-def deletion_vectors_enabled(url: str) -> bool:
-    """Whether the Delta table at ``url`` lists deletion vectors among its reader features
-    (True where that cannot be told)."""
+    if why:
+        return None, f"the Delta table at {url} {why}"
+    if version is None and "deletionVectors" in set(table.protocol().reader_features or ()):
+        return None, ("the version of the Delta table the scan reads could not be told from "
+                      "Spark's plan, and the table can have deletion vectors, so the same "
+                      "files may hold other rows in the latest version")
     try:
-        from deltalake import DeltaTable
-        table = open_table(DeltaTable, Store.from_uri(url))
-        return "deletionVectors" in set(table.protocol().reader_features or ())
-    except Exception:  # noqa: BLE001 - unknown: assume it can
-        return True
+        return listing_of(store, table), ""
+    except DataError as exc:
+        return None, str(exc)
 
 
 def not_in_place(table: Any) -> str:

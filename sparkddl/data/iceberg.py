@@ -25,7 +25,7 @@ import posixpath
 from typing import Any
 
 from sparkddl.data.deletes import ICEBERG, DeletionVector, Deletes
-from sparkddl.data.delta import _file_rows, _union
+from sparkddl.data.spark_frames import union, without_deleted
 from sparkddl.data.listing import Listing
 from sparkddl.data.plan import parquet_file
 from sparkddl.errors import DataError
@@ -118,8 +118,11 @@ def read_iceberg(spark: Any, table_or_identifier: Any, catalog: Any = None) -> A
              if p not in deleted]
     frames = [spark.read.parquet(*plain)] if plain else []
     if deleted:
-        frames.append(_without_deleted(spark, store, listing))
-    frame = _union(frames)
+        frames.append(without_deleted(
+            spark, store.filesystem(), listing,
+            lambda path, extra: spark.read.parquet(
+                store.spark_url(posixpath.relpath(path, root))).select("*", *extra)))
+    frame = union(frames)
     missing = [c for c in listing.columns if c not in frame.columns]
     if missing:
         raise DataError(f"the data files of the Iceberg table {_name(table)} do not hold its "
@@ -127,29 +130,6 @@ def read_iceberg(spark: Any, table_or_identifier: Any, catalog: Any = None) -> A
                         "read the table through Spark with Iceberg's runtime jar")
     frame._sparkddl_delta = (url, listing)  # what decide() reads in place
     return frame
-
-
-def _without_deleted(spark: Any, store: Store, listing: Listing) -> Any:
-    """Spark's reading of ``listing``'s files that have delete files, less the rows they
-    delete."""
-    import numpy as np
-    import pandas as pd
-    from pyspark.sql import functions as F
-
-    fs, root = store.filesystem(), store.fs_path(store.url())
-    tagged, numbers, indexes = [], [], []
-    for n, path in enumerate(p for p in listing.paths if p in listing.deletes.vectors):
-        gone = listing.deletes.deleted(fs, path, _file_rows(fs, path))
-        numbers.append(np.full(len(gone), n, np.int32))
-        indexes.append(gone.astype(np.int64))
-        tagged.append(spark.read.parquet(store.spark_url(posixpath.relpath(path, root))).select(
-            "*", F.lit(n).alias("__sparkddl_file"),
-            F.col("_metadata.row_index").alias("__sparkddl_row")))  # its index in the file
-    gone = spark.createDataFrame(pd.DataFrame({"__sparkddl_file": np.concatenate(numbers),
-                                               "__sparkddl_row": np.concatenate(indexes)}),
-                                 "__sparkddl_file int, __sparkddl_row long")
-    return _union(tagged).join(gone, ["__sparkddl_file", "__sparkddl_row"], "left_anti") \
-        .drop("__sparkddl_file", "__sparkddl_row")
 
 
 def table_url(table: Any, listing: Listing) -> str:

@@ -18,8 +18,7 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any
 
-from sparkddl.data.delta import (delta_listing, deletion_vectors_enabled, is_delta,
-                                 scan_reason)
+from sparkddl.data.delta import is_delta, scan_listing
 from sparkddl.data.listing import SPARK_TYPES, Listing, hive_listing
 from sparkddl.data.plan import data_files
 from sparkddl.errors import DataError
@@ -145,24 +144,12 @@ def _delta_scan(root: str, version: int | None, spark_reads: list[str], columns:
                 split_column: str | None) -> Decision:
     """A scan by Spark with Delta Lake (Databricks): read in place where the table's log
     can be read here at the version scanned and names the files Spark reads, with the
-    deletion vectors of that version; materialized otherwise, saying why. Where the version
-    cannot be told, a table that can have deletion vectors is materialized: the same files
-    with other deletion vectors (a DELETE since, a RESTORE) are other rows. Not tested
-    here: no Delta Lake jar is reachable from the tests."""
-    why = scan_reason(root)
-    if why:
-        return Decision(None, why)
-    try:
-        listing = delta_listing(root, version)
-    except Exception as exc:  # noqa: BLE001 - a version vacuumed, a log not readable here
-        return Decision(None, f"its Delta log at {root} could not be read here at version "
-                              f"{version} ({type(exc).__name__}: {exc})")
+    deletion vectors of that version; materialized otherwise, saying why
+    (:func:`sparkddl.data.delta.scan_listing`). Not tested here: no Delta Lake jar is
+    reachable from the tests."""
+    listing, why = scan_listing(root, version)
     if listing is None:
-        return Decision(None, f"its Delta log at {root} could not be found here")
-    if version is None and deletion_vectors_enabled(root):
-        return Decision(None, "the version of the Delta table the scan reads could not be told "
-                              "from Spark's plan, and the table can have deletion vectors, so "
-                              "the same files may hold other rows in the latest version")
+        return Decision(None, why)
     if sorted(_key(p) for p in listing.paths) != sorted(_key(f) for f in spark_reads):
         return Decision(None, "it scans other files of the Delta table than its log names here "
                               "(time travel, or a commit since)")

@@ -10,6 +10,7 @@ from sparkddl.data.batching import Chunk, decode_arrow
 from sparkddl.data.dataset import Dataset
 from sparkddl.data.plan import (Piece, RowGroup, check_unchanged, list_row_groups,
                                 parquet_file, shard_pieces)
+from sparkddl.data.split import select_rows
 from sparkddl.store import Store
 
 STREAM_ROWS = 65_536  # rows decoded at once on the driver
@@ -51,11 +52,8 @@ def row_groups(dataset: Dataset, rank: int = 0, world: int = 1) -> Iterator[Chun
             if listing is not None:  # column mapping: the table's names
                 table = listing.logical(table)
             part_alive = None if alive is None else alive[start:start + part.num_rows]
-            if sel is not None:
-                table = sel.apply(root, group.path, group.index, table, in_files, start,
-                                  group.rows, kept=part_alive)
-            elif part_alive is not None:
-                table = table.filter(part_alive)
+            table = select_rows(sel, root, group.path, group.index, table, in_files,
+                                part_alive, start, group.rows)
             start += part.num_rows
             # the piece's rows of the group, counted among its split's: start..stop
             first, kept = kept, kept + table.num_rows

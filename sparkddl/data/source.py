@@ -48,11 +48,12 @@ def open_parquet(url: str, spec: DataSpec, listing: Listing | None = None) -> Da
     if listing is not None and listing.records:
         _check_records(listing, groups, url)
     counts = [listing.kept_rows(fs, g) if listing is not None else g.rows for g in groups]
+    if not sum(g.rows for g in groups):
+        raise DataError(f"no Parquet rows under {url}; point at a directory of Parquet files")
     if not sum(counts):
-        raise DataError(f"no Parquet rows under {url}" + (
-            "" if sum(g.rows for g in groups) == 0 else
-            f" that are not deleted (its {sum(g.rows for g in groups)} rows all are)") +
-            "; point at a directory of Parquet files")
+        raise DataError(f"every one of the {sum(g.rows for g in groups)} rows of the table at "
+                        f"{url} is deleted (its deletion vectors or delete files delete them "
+                        "all): there is nothing to train on; train on a version that has rows")
     # an empty one has no arrays to measure, nor one whose rows are all deleted
     first = next(g for g, n in zip(groups, counts) if n)
     # pages, not whole column chunks

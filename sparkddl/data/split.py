@@ -100,6 +100,17 @@ class Selection:
         return table.select(names)
 
 
+def select_rows(sel: Selection | None, root: str, path: str, index: int, table: Any,
+                names: list[str], kept: Any = None, start: int = 0,
+                group_rows: int | None = None) -> Any:
+    """``table`` (rows ``start..`` of row group ``index`` of ``path``) with the rows the split
+    ``sel`` keeps (all without one) that are not deleted (``kept``, a deletion vector's mask
+    of the same rows, or None)."""
+    if sel is not None:
+        return sel.apply(root, path, index, table, names, start, group_rows, kept=kept)
+    return table if kept is None else table.filter(kept)
+
+
 def validation_rows(sel: Selection, root: str, path: str, index: int, table: Any,
                     start: int = 0, group_rows: int | None = None) -> np.ndarray:
     if sel.groups:
