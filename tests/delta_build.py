@@ -169,6 +169,19 @@ class DeltaBuilder:
         self.commit(self._head() + [{"add": add}])
         return add["path"]
 
+    def add_existing(self, rel: str) -> str:
+        """Commit the add action of a data file already under the table (written by Spark,
+        say) at ``rel``; returns its path in the table."""
+        target = self.path / rel
+        meta = pq.ParquetFile(target).metadata
+        if self.schema is None:
+            self.schema = meta.schema.to_arrow_schema()
+        add = {"path": quote(rel, safe="/="), "partitionValues": {},
+               "size": target.stat().st_size, "modificationTime": int(time.time() * 1000),
+               "dataChange": True, "stats": json.dumps({"numRecords": meta.num_rows})}
+        self.commit(self._head() + [{"add": add}])
+        return add["path"]
+
     def delete(self, rows: dict[str, list[int]], storage: str = "u", prefix: str = "ab",
                one_file: bool = True, cardinality: dict | None = None,
                corrupt_crc: bool = False) -> dict[str, dict]:

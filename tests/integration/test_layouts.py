@@ -146,3 +146,38 @@ def test_a_fit_on_skewed_files_at_three_ranks_trains_every_row_and_says_so(spark
     assert not os.path.exists(store / "data")
     assert [(r["rows_trained"], r["rows_skipped"]) for r in model.history] == \
         [(ROWS - ROWS % (3 * BATCH), ROWS % (3 * BATCH))] * 2
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("layout", ["full+remainder", "skewed files"])
+def test_deletion_vectors_on_files_spark_wrote_at_three_ranks(spark_local4, tmp_path_factory,
+                                                              tmp_path, layout):
+    """Spark's own files (one full row group and a remainder per file, or skewed files)
+    made a Delta table by a log written after the protocol, rows deleted from every file by
+    deletion vectors: at 3 ranks each rank trains as many rows (±1) and every row that is
+    not deleted once an epoch, but the fewer than 3 × 16 left over, and no deleted one."""
+    import shutil
+
+    import pyarrow.parquet as pq
+
+    from tests.delta_build import DeltaBuilder
+    table = tmp_path / "delta"
+    shutil.copytree(_tables(spark_local4, tmp_path_factory)[layout], table)
+    t = DeltaBuilder(table)
+    files = [t.add_existing(p.name) for p in sorted(table.glob("*.parquet"))]
+    deleted, kept = set(), []
+    for f in files:
+        ids = pq.read_table(table / f, columns=["id"]).column("id").to_pylist()
+        gone = [i for i, v in enumerate(ids) if v % 11 == 0 or v % 97 < 3]
+        t.delete({f: gone})
+        deleted |= {ids[i] for i in gone}
+        kept += [v for v in ids if v not in deleted]
+    prepared = prepare(str(table), SPEC, num_workers=3, batch_size=BATCH)
+    assert prepared.train.rows == len(kept) == ROWS - len(deleted)
+    plan = prepared.train.plan(3, BATCH, seed=2)
+    assert max(plan.rows_per_rank) - min(plan.rows_per_rank) <= 1
+    epochs = sparkddl.run(ids_per_epoch, plan, 2, num_workers=3, spark=spark_local4,
+                          timeout=180)
+    for ids in epochs:
+        assert len(ids) == len(set(ids)) == plan.rows_per_epoch
+        assert set(ids) <= set(kept) and len(kept) - len(ids) < 3 * BATCH
