@@ -248,3 +248,11 @@ def test_a_file_rewritten_under_the_logs_name_is_refused(tmp_path):
     pq.write_table(table_of(0, 49), tmp_path / "d" / f)  # a row short: indexes shift
     with pytest.raises(DataError, match=rf"{f} .* holds 49 rows where the table's log says 50"):
         prepare_parquet(str(tmp_path / "d"), SPEC, num_workers=2, batch_size=4)
+
+
+def test_a_table_whose_rows_are_all_deleted_says_so(tmp_path):
+    t = DeltaBuilder(tmp_path / "d")
+    f = t.add_file(table_of(0, 50))
+    t.delete({f: list(range(50))})
+    with pytest.raises(DataError, match="every one of the 50 rows .* is deleted"):
+        prepare_parquet(str(tmp_path / "d"), SPEC, num_workers=2, batch_size=4)
