@@ -11,13 +11,14 @@ with the rank's traceback. ``local_mode=True`` starts the processes on the drive
 from __future__ import annotations
 
 import os
-from typing import Any, Callable
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
 
 from sparkddl.errors import ClusterError, ConfigError
 from sparkddl.launch import preflight
 from sparkddl.session import cluster_context
 from sparkddl.launch.local import run_local
-from sparkddl.launch.runner import run, spark_session
+from sparkddl.launch.runner import launch, spark_session
 from sparkddl.task.script import script
 
 SSL_KEY = "pytorch.spark.distributor.ignoreSsl"
@@ -41,14 +42,21 @@ class TorchDistributor:
         if use_gpu and local_mode:
             self._check_driver_gpus()
         elif use_gpu:
-            preflight.check_cluster(cluster_context(self.spark), num_processes, True)
+            with _in_our_words():
+                preflight.check_cluster(cluster_context(self.spark), num_processes, True)
 
     def _check_encryption(self) -> None:
         """torch.distributed traffic is not encrypted: with Spark's SSL on, refuse unless
-        the user says so (the same key as pyspark's)."""
+        the user says so (the same key as pyspark's, in the SparkContext's conf or set on
+        the session with ``spark.conf.set``)."""
         conf = cluster_context(self.spark).getConf()
+        ignore = conf.get(self.ssl_conf, None)
+        try:
+            ignore = self.spark.conf.get(self.ssl_conf, ignore)
+        except Exception:  # noqa: BLE001 - a conf the session cannot give: the context's
+            pass
         if conf.get("spark.ssl.enabled", "false").lower() == "true" and \
-                conf.get(self.ssl_conf, "false").lower() != "true":
+                str(ignore or "false").lower() != "true":
             raise ClusterError(
                 "spark.ssl.enabled is true, but the ranks' torch.distributed traffic is not "
                 f"encrypted; set {self.ssl_conf}=true to train anyway, on a network you trust")
@@ -66,13 +74,34 @@ class TorchDistributor:
                                f"driver, but it has {found}; lower num_processes")
 
     def run(self, train_object: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> Any:
-        """Run ``train_object(*args)`` (or the script with ``args`` as its command line) on
-        ``num_processes`` processes; rank 0's return value (None for a script)."""
+        """Run ``train_object(*args, **kwargs)`` (or the script with ``args`` as its command
+        line) on ``num_processes`` processes; rank 0's return value (None for a script).
+        Every keyword goes to the function, whatever its name (``timeout``, ``spark``...).
+
+        Each process gets pyspark's environment: in distributed mode every task is a
+        torchrun node of one process (``LOCAL_RANK=0``, ``LOCAL_WORLD_SIZE=1``,
+        ``GROUP_RANK=NODE_RANK=RANK``; with ``use_gpu`` its GPU is device 0, so
+        ``torch.cuda.set_device(int(os.environ["LOCAL_RANK"]))`` works), the host-local
+        values under ``SPARKDDL_LOCAL_RANK``/``SPARKDDL_LOCAL_WORLD_SIZE``/
+        ``SPARKDDL_NODE_RANK``; in local mode one node of ``num_processes`` processes."""
         if self.local_mode:
             if isinstance(train_object, (str, os.PathLike)):
                 train_object, args = script(train_object, tuple(str(a) for a in args)), ()
             return run_local(train_object, args, kwargs, self.num_processes, self.use_gpu)
         if isinstance(train_object, (str, os.PathLike)):
             args = tuple(str(a) for a in args)  # pyspark converts them too
-        return run(train_object, *args, num_workers=self.num_processes, use_gpu=self.use_gpu,
-                   spark=self.spark, **kwargs)
+        with _in_our_words():
+            return launch(train_object, args, kwargs, num_workers=self.num_processes,
+                          use_gpu=self.use_gpu, spark=self.spark, node_per_rank=True,
+                          caller="TorchDistributor.run", workers_name="num_processes")
+
+
+@contextmanager
+def _in_our_words() -> Iterator[None]:
+    """A check's error in TorchDistributor's vocabulary: num_processes, not num_workers."""
+    try:
+        yield
+    except (ConfigError, ClusterError) as exc:
+        if "num_workers" not in str(exc):
+            raise
+        raise type(exc)(str(exc).replace("num_workers", "num_processes")) from exc

@@ -84,8 +84,9 @@ class RankFailure:
         return self.message.startswith(f"{kind.__name__}:")
 
 
-class TrainingFailedError(SparkDDLError):
-    """One or more ranks failed; carries each failing rank's traceback text.
+class TrainingFailedError(SparkDDLError, RuntimeError):
+    """One or more ranks failed; carries each failing rank's traceback text (a RuntimeError
+    too, as pyspark's TorchDistributor raises for a failed run).
 
     Attributes:
         failures: one :class:`RankFailure` per rank that reported an error, in the order the

@@ -25,13 +25,15 @@ def launch_ranks(sc: Any, fn: Callable[..., Any], args: tuple = (),
                  description: str, use_gpu: bool = False, timeout_s: float | None = None,
                  torch_threads: int | None = None, attempt: int = 0,
                  handlers: Handlers | None = None, watchdog_s: float | None = None,
-                 warm_imports: tuple[str, ...] = (), slot_wait_s: float | None = None) -> Any:
+                 warm_imports: tuple[str, ...] = (), slot_wait_s: float | None = None,
+                 node_per_rank: bool = False) -> Any:
     """Run ``fn(*args, **kwargs)`` on ``num_workers`` ranks of one barrier stage and return
     rank 0's return value (None if it returned nothing). ``timeout_s`` bounds the stage and
     is the collective timeout of the process group; ``handlers`` receive the ranks' messages;
     ``watchdog_s`` fails the stage when a rank stops making progress; ``warm_imports`` are
     imported on the ranks while they wait in the rendezvous; ``slot_wait_s`` bounds the wait
-    for the stage's task slots (it is logged either way)."""
+    for the stage's task slots (it is logged either way); ``node_per_rank`` gives the ranks
+    pyspark TorchDistributor's environment (each task a torchrun node of one process)."""
     sc = cluster_context(sc)  # a SparkContext is taken as it is
     payload = serialize_call(fn, args, kwargs or {})
 
@@ -43,7 +45,7 @@ def launch_ranks(sc: Any, fn: Callable[..., Any], args: tuple = (),
                         collective_timeout_s=timeout_s or DEFAULT_COLLECTIVE_TIMEOUT_S,
                         torch_threads=torch_threads, attempt=attempt,
                         echo_output=not preflight.is_local_master(sc.master),
-                        warm_imports=warm_imports)
+                        warm_imports=warm_imports, node_per_rank=node_per_rank)
 
     results = run_stage(sc, make_spec, timeout_s=timeout_s, handlers=handlers, watchdog_s=watchdog_s,
                         description=description, profile=preflight.stage_profile(sc, use_gpu),

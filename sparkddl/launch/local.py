@@ -15,6 +15,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +37,8 @@ def run_local(fn: Any, args: tuple, kwargs: dict, num_processes: int, use_gpu: b
     with tempfile.TemporaryDirectory(prefix="sparkddl-local-") as folder:
         call = Path(folder, "call.pkl")
         call.write_bytes(payload)
-        procs = [_start(rank, num_processes, store.port, call, folder, use_gpu)
+        run_id = uuid.uuid4().hex[:12]
+        procs = [_start(rank, num_processes, store.port, call, folder, use_gpu, run_id)
                  for rank in range(num_processes)]
         relays = [threading.Thread(target=_relay, args=(p, rank), daemon=True)
                   for rank, p in enumerate(procs)]
@@ -59,10 +61,17 @@ def run_local(fn: Any, args: tuple, kwargs: dict, num_processes: int, use_gpu: b
 
 
 def _start(rank: int, world: int, port: int, call: Path, folder: str,
-           use_gpu: bool) -> subprocess.Popen:
-    env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-           "LOCAL_WORLD_SIZE": str(world), "GROUP_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-           "MASTER_PORT": str(port), "TORCHELASTIC_USE_AGENT_STORE": "True",
+           use_gpu: bool, run_id: str) -> subprocess.Popen:
+    """A rank's process with torchrun's environment for one node of ``world`` processes:
+    its run id, and the host's cores shared out (OMP_NUM_THREADS, unless set)."""
+    threads = str(max(1, (os.cpu_count() or 1) // world))
+    env = {"OMP_NUM_THREADS": threads, **os.environ, "RANK": str(rank),
+           "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
+           "GROUP_RANK": "0", "NODE_RANK": "0", "ROLE_RANK": str(rank),
+           "ROLE_WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+           "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RUN_ID": run_id,
+           "TORCHELASTIC_RESTART_COUNT": "0", "SPARKDDL_LOCAL_RANK": str(rank),
+           "SPARKDDL_LOCAL_WORLD_SIZE": str(world), "SPARKDDL_NODE_RANK": "0",
            "SPARKDDL_USE_GPU": "1" if use_gpu else "0", "PYTHONUNBUFFERED": "1"}
     return subprocess.Popen([sys.executable, "-m", "sparkddl.launch.local", str(call), folder],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

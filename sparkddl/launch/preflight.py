@@ -21,9 +21,10 @@ log = logging.getLogger(__name__)
 EXECUTOR_WAIT_S = 30.0
 
 
-def check_num_workers(num_workers: Any) -> int:
+def check_num_workers(num_workers: Any, name: str = "num_workers") -> int:
+    """``num_workers``, a positive integer (``name``: the caller's word for it)."""
     if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 1:
-        raise ConfigError(f"num_workers must be a positive integer, got {num_workers!r}")
+        raise ConfigError(f"{name} must be a positive integer, got {num_workers!r}")
     return num_workers
 
 

@@ -50,6 +50,17 @@ def run(fn: Callable[..., Any] | str | os.PathLike, *args: Any, num_workers: int
         ConfigError / ClusterError before anything starts; TrainingFailedError, naming the
         failing rank(s) with their tracebacks, as soon as a rank fails or time runs out.
     """
+    return launch(fn, args, kwargs, num_workers=num_workers, use_gpu=use_gpu, timeout=timeout,
+                  spark=spark, torch_threads=torch_threads)
+
+
+def launch(fn: Callable[..., Any] | str | os.PathLike, args: tuple, kwargs: dict[str, Any], *,
+           num_workers: int | None, use_gpu: bool = False, timeout: float | None = None,
+           spark: Any = None, torch_threads: int | None = None, node_per_rank: bool = False,
+           caller: str = "sparkddl.run", workers_name: str = "num_workers") -> Any:
+    """:func:`run` with the function's arguments apart from the run's own (so that a
+    function may take keywords named like them: TorchDistributor passes every keyword on);
+    ``caller`` and ``workers_name`` are the API's own words in messages."""
     if isinstance(fn, (str, os.PathLike)):
         if kwargs:
             raise ConfigError(f"a script takes command-line arguments only, not keyword "
@@ -59,7 +70,7 @@ def run(fn: Callable[..., Any] | str | os.PathLike, *args: Any, num_workers: int
     if num_workers is None:
         num_workers = preflight.available_workers(
             sc, profile=preflight.stage_profile(sc, use_gpu))
-    preflight.check_num_workers(num_workers)
+    preflight.check_num_workers(num_workers, workers_name)
     positive_seconds("timeout", timeout)
     optional_positive_int("torch_threads", torch_threads)
     preflight.check_cluster(sc, num_workers, use_gpu)
@@ -69,4 +80,5 @@ def run(fn: Callable[..., Any] | str | os.PathLike, *args: Any, num_workers: int
     log.info("run %s: starting %s on %d rank(s)", run_id, name, num_workers)
     return launch_ranks(sc, fn, args, kwargs, num_workers=num_workers, run_id=run_id,
                         use_gpu=use_gpu, timeout_s=timeout, torch_threads=torch_threads,
-                        description=f"sparkddl.run({name}) x{num_workers}")
+                        description=f"{caller}({name}) x{num_workers}",
+                        node_per_rank=node_per_rank)

@@ -219,7 +219,7 @@ def rank_environment(spec: TaskSpec, spark_ctx: Any, channel: RankChannel,
         log.info("rank %d: collectives on interface %s, which carries its executor's address "
                  "%s (set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME to choose another)", rank,
                  network["GLOO_SOCKET_IFNAME"], hosts[rank])
-    with _patched_environ({**_torchrun_env(ctx, threads), **network}), \
+    with _patched_environ({**_torchrun_env(ctx, threads, spec.node_per_rank), **network}), \
             pinned(ctx.local_rank, ctx.local_world_size, threads) as cpus, kept_groups():
         if gpus:
             note_visible_devices()
@@ -354,11 +354,19 @@ def _task_gpus(spark_ctx: Any) -> list[str]:
                              os.environ.get("CUDA_VISIBLE_DEVICES"))
 
 
-def _torchrun_env(ctx: context.RankContext, threads: int) -> dict[str, str]:
+def _torchrun_env(ctx: context.RankContext, threads: int, node_per_rank: bool = False
+                  ) -> dict[str, str]:
+    """torchrun's environment for the rank: host-local ranks, or (``node_per_rank``, pyspark
+    TorchDistributor's contract) each task a node of one process, whose only GPU is device 0;
+    the host-local values always under SPARKDDL_* names."""
+    local = (0, 1, ctx.rank) if node_per_rank else \
+        (ctx.local_rank, ctx.local_world_size, ctx.node_rank)
     env = {
-        "RANK": ctx.rank, "WORLD_SIZE": ctx.world_size, "LOCAL_RANK": ctx.local_rank,
-        "LOCAL_WORLD_SIZE": ctx.local_world_size, "GROUP_RANK": ctx.node_rank,
-        "NODE_RANK": ctx.node_rank, "ROLE_RANK": ctx.rank, "ROLE_WORLD_SIZE": ctx.world_size,
+        "RANK": ctx.rank, "WORLD_SIZE": ctx.world_size, "LOCAL_RANK": local[0],
+        "LOCAL_WORLD_SIZE": local[1], "GROUP_RANK": local[2],
+        "NODE_RANK": local[2], "ROLE_RANK": ctx.rank, "ROLE_WORLD_SIZE": ctx.world_size,
+        "SPARKDDL_LOCAL_RANK": ctx.local_rank, "SPARKDDL_LOCAL_WORLD_SIZE": ctx.local_world_size,
+        "SPARKDDL_NODE_RANK": ctx.node_rank,
         "MASTER_ADDR": ctx.master_addr, "MASTER_PORT": ctx.master_port,
         "TORCHELASTIC_USE_AGENT_STORE": "True", "TORCHELASTIC_RESTART_COUNT": ctx.attempt,
         "TORCHELASTIC_RUN_ID": ctx.run_id, "OMP_NUM_THREADS": threads,

@@ -81,14 +81,17 @@ def local_device_index() -> int:
         return device_index(context.current().gpus[0], torch.cuda.is_initialized(),
                             _visible_at_cuda_init)
     count = max(torch.cuda.device_count(), 1)
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    # the host's ranks as sparkddl counted them (TorchDistributor's contract sets LOCAL_RANK
+    # to 0 on every rank), else as the launcher set them
+    local_world = int(os.environ.get("SPARKDDL_LOCAL_WORLD_SIZE",
+                                     os.environ.get("LOCAL_WORLD_SIZE", "1")))
     if local_world > count:
         raise ClusterError(
             f"{local_world} ranks run on {socket.gethostname()} but it has {count} visible "
             "GPU(s): NCCL cannot put two ranks on one GPU; lower num_workers to the GPUs per "
             "host, or let Spark assign each rank a GPU of its own (a cluster master with "
             "spark.executor.resource.gpu.amount set)")
-    return int(os.environ.get("LOCAL_RANK", "0")) % count
+    return int(os.environ.get("SPARKDDL_LOCAL_RANK", os.environ.get("LOCAL_RANK", "0"))) % count
 
 
 def device_index(gpu: str, cuda_initialized: bool, visible_at_init: str | None) -> int:

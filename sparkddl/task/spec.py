@@ -29,6 +29,10 @@ class TaskSpec:
     # modules the rank imports on a thread of its own while it waits in the rendezvous (a
     # first fit's Petastorm costs ~2 s), so that they are loaded by the first batch
     warm_imports: tuple[str, ...] = ()
+    # pyspark TorchDistributor's environment: every task a one-process torchrun "node"
+    # (LOCAL_RANK 0, LOCAL_WORLD_SIZE 1, GROUP_RANK = NODE_RANK = RANK); the host-local
+    # values stay under SPARKDDL_LOCAL_RANK, SPARKDDL_LOCAL_WORLD_SIZE, SPARKDDL_NODE_RANK
+    node_per_rank: bool = False
 
     def __repr__(self) -> str:  # keep the secret and the payload out of logs
         return (f"TaskSpec(run_id={self.run_id!r}, num_workers={self.num_workers}, "

@@ -13,15 +13,30 @@ import pytest
 from sparkddl import ClusterError, TorchDistributor, TrainingFailedError
 
 
+TORCHRUN_KEYS = ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
+                 "SPARKDDL_LOCAL_RANK", "SPARKDDL_LOCAL_WORLD_SIZE")
+
+
 def allreduce_rank_sum(scale: float) -> dict:
     import torch
     import torch.distributed as dist
     dist.init_process_group("gloo")
     t = torch.tensor([scale * (dist.get_rank() + 1)])
     dist.all_reduce(t)
+    env = {k: os.environ.get(k) for k in TORCHRUN_KEYS}
+    env["run_id"] = bool(os.environ.get("TORCHELASTIC_RUN_ID"))
+    every: list = [None, None]
+    dist.all_gather_object(every, env)
     return {"sum": t.item(), "rank": dist.get_rank(), "world": dist.get_world_size(),
-            "env": {k: os.environ[k] for k in ("LOCAL_RANK", "LOCAL_WORLD_SIZE")},
-            "ppid": os.getppid()}
+            "env": every, "ppid": os.getppid()}
+
+
+def echo_keywords(**kwargs) -> dict:
+    """A user function whose keywords share names with sparkddl.run's own options."""
+    import torch.distributed as dist
+    dist.init_process_group("gloo")
+    dist.barrier()
+    return kwargs
 
 
 def fails_on_rank_1() -> None:
@@ -91,7 +106,15 @@ def test_get_num_tasks_fails_without_gpus(spark_local, num_processes):
 def test_a_function_trains_on_every_process_and_rank_0_answers(spark_local, local_mode):
     got = TorchDistributor(2, local_mode, False).run(allreduce_rank_sum, 1.5)
     assert got["sum"] == pytest.approx(1.5 + 3.0) and (got["rank"], got["world"]) == (0, 2)
-    assert got["env"] == {"LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
+    # pyspark's environment: local mode, one torchrun node of 2 processes; distributed,
+    # every task a node of one process (so LOCAL_RANK-based set_device finds its only GPU),
+    # the host-local values under sparkddl's own names (both ranks on this host)
+    for rank, env in enumerate(got["env"]):
+        local = (str(rank), "2", "0", "0") if local_mode else ("0", "1", str(rank), str(rank))
+        assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"], env["GROUP_RANK"],
+                env["NODE_RANK"]) == local
+        assert (env["SPARKDDL_LOCAL_RANK"], env["SPARKDDL_LOCAL_WORLD_SIZE"]) == (str(rank), "2")
+        assert env["run_id"]
     # local mode: the driver started the processes; else they are Spark's Python workers
     assert (got["ppid"] == os.getpid()) == local_mode
 
@@ -139,3 +162,40 @@ def _local_ranks_alive() -> list[int]:
         if ppid == os.getpid() and b"sparkddl.launch.local" in cmdline:
             found.append(int(stat.parent.name))
     return found
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("local_mode", [True, False])
+def test_every_keyword_goes_to_the_function(spark_local, local_mode):
+    """pyspark passes run(fn, **kwargs) on whole: keywords named like sparkddl.run's own
+    options (timeout, spark, num_workers, use_gpu, torch_threads) are the function's."""
+    kwargs = {"timeout": 30, "spark": "mine", "num_workers": 7, "use_gpu": "yes",
+              "torch_threads": 3, "lr": 0.1}
+    assert TorchDistributor(2, local_mode, False).run(echo_keywords, **kwargs) == kwargs
+
+
+@pytest.mark.timeout(300)
+def test_a_failed_run_is_a_runtime_error_as_pyspark_raises(spark_local):
+    try:
+        TorchDistributor(2, False, False).run(fails_on_rank_1)
+    except RuntimeError as exc:  # what callers of pyspark's distributor catch
+        assert isinstance(exc, TrainingFailedError)
+    else:
+        raise AssertionError("the run did not fail")
+
+
+def test_ignore_ssl_set_on_the_session_is_honoured(spark_local, conf):
+    conf("spark.ssl.enabled", "true")
+    spark_local.conf.set("pytorch.spark.distributor.ignoreSsl", "true")
+    try:
+        TorchDistributor(1, True, False)._check_encryption()  # no error
+    finally:
+        spark_local.conf.unset("pytorch.spark.distributor.ignoreSsl")
+    with pytest.raises(RuntimeError, match="encrypted"):
+        TorchDistributor(1, True, False)
+
+
+def test_errors_speak_of_num_processes(spark_local):
+    with pytest.raises(ClusterError, match=r"num_processes=64 .*lower num_processes") as info:
+        TorchDistributor(64, False, False).run(echo_keywords)
+    assert "num_workers" not in str(info.value)

@@ -184,3 +184,21 @@ def test_more_ranks_on_a_host_than_its_gpus_is_refused_before_nccl(monkeypatch):
     monkeypatch.setenv("LOCAL_WORLD_SIZE", str(gpus))
     monkeypatch.setenv("LOCAL_RANK", str(gpus - 1))
     assert local_device_index() == gpus - 1
+
+
+def test_under_torchdistributors_contract_devices_go_by_the_hosts_ranks(monkeypatch):
+    """TorchDistributor sets LOCAL_RANK=0 and LOCAL_WORLD_SIZE=1 on every rank (each task a
+    torchrun node); without Spark-assigned GPUs the device still goes by the host's ranks."""
+    import torch
+
+    from sparkddl.task.dist import local_device_index
+    gpus = max(torch.cuda.device_count(), 1)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    monkeypatch.setenv("SPARKDDL_LOCAL_WORLD_SIZE", str(gpus + 1))
+    monkeypatch.setenv("SPARKDDL_LOCAL_RANK", "1")
+    with pytest.raises(ClusterError, match=rf"{gpus + 1} ranks run on"):
+        local_device_index()
+    monkeypatch.setenv("SPARKDDL_LOCAL_WORLD_SIZE", str(gpus))
+    monkeypatch.setenv("SPARKDDL_LOCAL_RANK", str(gpus - 1))
+    assert local_device_index() == gpus - 1
