@@ -23,6 +23,7 @@ _EXPORTS = {
     "TransformError": "sparkddl.errors", "JobCancelledError": "sparkddl.errors",
     "UntrustedArtifactError": "sparkddl.errors", "read_delta": "sparkddl.data.delta",
     "read_iceberg": "sparkddl.data.iceberg",
+    "UnsyncedTrainingWarning": "sparkddl.task.frameworks",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

@@ -86,8 +86,10 @@ class Error(Body):
 
 @dataclass(frozen=True)
 class Done(Body):
-    """The rank's function returned."""
+    """The rank's function returned; ``group``: the size of the largest default process group
+    it formed (-1: not watched)."""
     KIND: ClassVar[str] = "done"
+    group: int = -1
 
 
 @dataclass(frozen=True)

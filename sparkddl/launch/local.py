@@ -21,13 +21,14 @@ from typing import Any
 
 from sparkddl.errors import RankFailure, TrainingFailedError
 from sparkddl.launch.pickling import serialize_call
+from sparkddl.task.frameworks import GroupWatch, warn_unsynced
 
 POLL_S = 0.05
 KILL_WAIT_S = 5.0
 
 
 def run_local(fn: Any, args: tuple, kwargs: dict, num_processes: int, use_gpu: bool,
-              timeout_s: float | None = None) -> Any:
+              timeout_s: float | None = None, caller: str = "TorchDistributor.run") -> Any:
     import torch.distributed as dist
     from pyspark import cloudpickle
 
@@ -56,6 +57,9 @@ def run_local(fn: Any, args: tuple, kwargs: dict, num_processes: int, use_gpu: b
                 t.join(KILL_WAIT_S)
         if failure is not None:
             raise failure
+        groups = [Path(folder, f"group-{r}.txt") for r in range(num_processes)]
+        warn_unsynced(num_processes, [int(g.read_text()) if g.exists() else -1
+                                      for g in groups], caller)
         result = Path(folder, "result-0.pkl")
         return cloudpickle.loads(result.read_bytes()) if result.exists() else None
 
@@ -126,7 +130,9 @@ def _main(call: str, folder: str) -> None:
     code = 0
     try:
         fn, args, kwargs = cloudpickle.loads(Path(call).read_bytes())
-        value = fn(*args, **kwargs)
+        with GroupWatch().watching() as watch:
+            value = fn(*args, **kwargs)
+        Path(folder, f"group-{rank}.txt").write_text(str(watch.largest))
         if rank == 0:
             Path(folder, "result-0.pkl").write_bytes(cloudpickle.dumps(value))
     except BaseException as exc:  # noqa: BLE001 - reported to the driver

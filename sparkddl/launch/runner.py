@@ -9,7 +9,9 @@ from sparkddl.config import optional_positive_int, positive_seconds
 from sparkddl.errors import ConfigError
 from sparkddl.launch import preflight
 from sparkddl.session import cluster_context
+from sparkddl.channel import messages
 from sparkddl.launch.launcher import launch_ranks, new_run_id
+from sparkddl.task.frameworks import warn_unsynced
 from sparkddl.task.script import Script, script
 
 log = logging.getLogger(__name__)
@@ -78,7 +80,13 @@ def launch(fn: Callable[..., Any] | str | os.PathLike, args: tuple, kwargs: dict
     name = (os.path.basename(fn.path) if isinstance(fn, Script)
             else getattr(fn, "__qualname__", type(fn).__name__))
     log.info("run %s: starting %s on %d rank(s)", run_id, name, num_workers)
-    return launch_ranks(sc, fn, args, kwargs, num_workers=num_workers, run_id=run_id,
-                        use_gpu=use_gpu, timeout_s=timeout, torch_threads=torch_threads,
-                        description=f"{caller}({name}) x{num_workers}",
-                        node_per_rank=node_per_rank)
+    groups: dict[int, int] = {}  # rank -> the largest process group it formed
+    value = launch_ranks(sc, fn, args, kwargs, num_workers=num_workers, run_id=run_id,
+                         use_gpu=use_gpu, timeout_s=timeout, torch_threads=torch_threads,
+                         description=f"{caller}({name}) x{num_workers}",
+                         node_per_rank=node_per_rank,
+                         handlers={messages.Done: lambda msg, body: groups.update(
+                             {msg.rank: body.group})})
+    warn_unsynced(num_workers, list(groups.values()), caller)
+    return value
+

@@ -25,6 +25,7 @@ from sparkddl.errors import ClusterError
 from sparkddl.task import context
 from sparkddl.task.affinity import pinned
 from sparkddl.task.dist import note_visible_devices
+from sparkddl.task.frameworks import GroupWatch, reset_library_state, restored_environ
 from sparkddl.task.gpu import map_gpu_addresses
 from sparkddl.task.heartbeat import Heartbeat
 from sparkddl.task.last_words import exit_message, fatal_signals, reported_exits
@@ -67,6 +68,7 @@ def barrier_entry(spec: TaskSpec, _rows: Iterable[Any]) -> Iterator[bytes]:
                          traceback.format_exc(), exc)
 
     result: bytes | None = None
+    watch = GroupWatch()  # the largest process group the function formed, for the driver
     try:
         with forward_output(channel, echo=spec.echo_output), \
                 Heartbeat(channel, status, spec.heartbeat_s), _last_words(spec, rank, where):
@@ -74,7 +76,7 @@ def barrier_entry(spec: TaskSpec, _rows: Iterable[Any]) -> Iterator[bytes]:
                 with rank_environment(spec, spark_ctx, channel, status):
                     fn, args, kwargs = cloudpickle.loads(spec.payload)
                     try:
-                        with reported_exits(post_failure):
+                        with reported_exits(post_failure), watch.watching():
                             value = _call(fn, args, kwargs)
                     except BaseException as exc:
                         # report before the process group is torn down: tearing it down
@@ -89,7 +91,7 @@ def barrier_entry(spec: TaskSpec, _rows: Iterable[Any]) -> Iterator[bytes]:
             except BaseException as exc:
                 report(exc)
                 raise
-        channel.post(Done())
+        channel.post(Done(group=watch.largest))
     finally:
         channel.close()
     if spec.offline:  # every rank's messages, and rank 0's result, in one row
@@ -219,8 +221,9 @@ def rank_environment(spec: TaskSpec, spark_ctx: Any, channel: RankChannel,
         log.info("rank %d: collectives on interface %s, which carries its executor's address "
                  "%s (set GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME to choose another)", rank,
                  network["GLOO_SOCKET_IFNAME"], hosts[rank])
-    with _patched_environ({**_torchrun_env(ctx, threads, spec.node_per_rank), **network}), \
-            pinned(ctx.local_rank, ctx.local_world_size, threads) as cpus, kept_groups():
+    with restored_environ(), pinned(ctx.local_rank, ctx.local_world_size, threads) as cpus, \
+            kept_groups():
+        os.environ.update({**_torchrun_env(ctx, threads, spec.node_per_rank), **network})
         if gpus:
             note_visible_devices()
         torch.set_num_threads(threads)
@@ -237,6 +240,7 @@ def rank_environment(spec: TaskSpec, spark_ctx: Any, channel: RankChannel,
             try:
                 if dist.is_available():
                     release_process_groups()
+                reset_library_state()
                 if ok:  # rank 0's store must outlive every rank's last use of it
                     status["phase"] = "finished"
                     with context.collective("the closing barrier (waiting for every rank "
@@ -375,17 +379,3 @@ def _torchrun_env(ctx: context.RankContext, threads: int, node_per_rank: bool = 
     if ctx.gpus:
         env["CUDA_VISIBLE_DEVICES"] = ",".join(ctx.gpus)
     return {k: str(v) for k, v in env.items()}
-
-
-@contextmanager
-def _patched_environ(updates: dict[str, str]) -> Iterator[None]:
-    saved = {k: os.environ.get(k) for k in updates}
-    os.environ.update(updates)
-    try:
-        yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value

@@ -1,0 +1,50 @@
+"""sparkddl.task.frameworks without Spark: the driver's unsynchronized-training rule, the
+environment restored after a rank's function, the watch on init_process_group."""
+from __future__ import annotations
+
+import os
+import warnings
+
+import pytest
+
+from sparkddl.task.frameworks import (GroupWatch, UnsyncedTrainingWarning, restored_environ,
+                                      warn_unsynced)
+
+
+@pytest.mark.parametrize("world, groups, warns", [
+    (2, [2, 2], False), (2, [0, 0], True), (3, [1, 1, 1], True), (2, [2, 1], False),
+    (1, [0], False), (2, [-1, -1], False), (2, [], False), (4, [-1, 2], True)])
+def test_warns_only_when_no_rank_formed_a_group_of_all(world, groups, warns):
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        warn_unsynced(world, groups, "sparkddl.run")
+    got = [w for w in seen if issubclass(w.category, UnsyncedTrainingWarning)]
+    assert bool(got) == warns
+    if warns:
+        assert f"num_nodes={world}" in str(got[0].message)
+        assert "Accelerator(cpu=True)" in str(got[0].message)
+
+
+def test_the_environment_is_restored_whatever_the_function_did(monkeypatch):
+    monkeypatch.setenv("SPARKDDL_TEST_KEPT", "1")
+    monkeypatch.setenv("SPARKDDL_TEST_CHANGED", "before")
+    monkeypatch.setenv("SPARKDDL_TEST_REMOVED", "here")
+    with restored_environ():
+        os.environ["SPARKDDL_TEST_ADDED"] = "x"  # as Lightning's seed_everything does
+        os.environ["SPARKDDL_TEST_CHANGED"] = "after"
+        del os.environ["SPARKDDL_TEST_REMOVED"]
+    assert "SPARKDDL_TEST_ADDED" not in os.environ
+    assert os.environ["SPARKDDL_TEST_CHANGED"] == "before"
+    assert os.environ["SPARKDDL_TEST_REMOVED"] == "here"
+    assert os.environ["SPARKDDL_TEST_KEPT"] == "1"
+
+
+def test_a_group_formed_and_destroyed_is_still_counted(tmp_path):
+    import torch.distributed as dist
+    original = dist.init_process_group
+    with GroupWatch().watching() as watch:
+        dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
+                                world_size=1)
+        dist.destroy_process_group()
+    assert watch.largest == 1
+    assert dist.init_process_group is original  # the original is back
