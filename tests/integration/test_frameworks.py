@@ -135,6 +135,11 @@ def test_lightning_one_device_per_task_num_nodes_twice(spark_local):
     assert first["accuracy"] > 0.8
     second = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(lightning_digits, 1, 2)
     assert second["checksum"] == pytest.approx(first["checksum"], rel=1e-6)
+    # pyspark's own TorchDistributor (torchrun in each task) trains the same model
+    from pyspark.ml.torch.distributor import TorchDistributor as PysparkDistributor
+    theirs = PysparkDistributor(num_processes=2, local_mode=False,
+                                use_gpu=False).run(lightning_digits, 1, 2)
+    assert theirs["checksum"] == pytest.approx(first["checksum"], rel=1e-6)
 
 
 def test_lightning_devices_in_local_mode(spark_local):
