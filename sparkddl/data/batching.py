@@ -1,7 +1,8 @@
 """Row groups in, fixed-size shuffled batches out: decoding and the shuffle buffer.
 
 Readers hand this module one row group at a time as Arrow columns; they are decoded into
-numpy without per-row Python objects and re-cut into batches of exactly ``batch_size``.
+numpy without per-row Python objects and re-cut into batches of exactly ``batch_size``
+(but the last one, where an evaluation asks for every row).
 """
 from __future__ import annotations
 
@@ -122,16 +123,18 @@ class Rebatcher:
     and the rest stays to mix with later chunks. Without one, batches follow the order
     given. A batch is gathered straight into a new array (``np.take``), or is a slice of
     its chunk where its rows are consecutive there. ``finish`` shuffles and emits what is
-    left; the final partial batch is dropped. Chunks are released once no pending row
-    points into them; when more than ``MAX_LIVE`` are held (rows left behind by the buffer),
-    the pending rows of all but the newest are copied into one.
+    left; the final partial batch is dropped, or emitted last with ``partial_last``. Chunks
+    are released once no pending row points into them; when more than ``MAX_LIVE`` are held
+    (rows left behind by the buffer), the pending rows of all but the newest are copied into
+    one.
     """
 
     MAX_LIVE = 3
 
     def __init__(self, batch_size: int, buffer_rows: int, rng: np.random.Generator,
-                 private: bool = False):
+                 private: bool = False, partial_last: bool = False):
         self.batch_size = batch_size
+        self.partial_last = partial_last
         self.buffer_rows = buffer_rows
         self.rng = rng
         # batches never share memory with the chunks (the epoch cache's, which later
@@ -162,6 +165,8 @@ class Rebatcher:
     def finish(self) -> Iterator[Chunk]:
         if self.pending >= self.batch_size:
             yield from self._emit(keep=0)
+        if self.partial_last and self.pending:  # fewer than batch_size rows, shuffled or not
+            yield self._gather(self._cid, self._row)
         self._chunks.clear()
         self._cid, self._row = self._cid[:0], self._row[:0]
 

@@ -4,7 +4,8 @@ A source reads the pieces (row ranges of row groups) of one sub-shard as Arrow d
 (:mod:`sparkddl.data.petastorm_source`) or ``pyarrow.parquet.ParquetFile``
 (:mod:`sparkddl.data.arrow_source`), chosen by ``plan.reader`` on each rank. Everything
 else happens here, the same for both: reader threads and their round-robin order, decoding,
-the seeded shuffle buffer, exactly ``steps_per_epoch`` batches, and closing.
+the seeded shuffle buffer, exactly ``steps_per_epoch`` batches (or, for evaluation, every
+row of the shard), and closing.
 """
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ import functools
 import logging
 import os
 import queue
-import sys
 import threading
 import time
 from typing import Any, Callable, Generator, Iterator
@@ -22,7 +22,8 @@ import numpy as np
 from sparkddl.config import POOL_TYPES
 from sparkddl.data import arrow_source, petastorm_source
 from sparkddl.data.batching import Chunk, Rebatcher, decode_arrow, to_tensors
-from sparkddl.data.plan import (Piece, ShardPlan, check_unchanged, piece_order, read_errors,
+from sparkddl.data.epoch_cache import epoch_cache
+from sparkddl.data.plan import (ShardPlan, check_unchanged, piece_order, read_errors,
                                 resolve_reader, unreadable)
 from sparkddl.data.transform import Shapes, ahead
 from sparkddl.errors import DataError
@@ -45,12 +46,27 @@ JOIN_TIMEOUT_S = 10.0
 BATCHES_AHEAD = 4  # batches the batcher thread keeps ready for the training thread
 
 
-def epoch_batches(plan: ShardPlan, rank: int, epoch: int) -> Iterator[dict[str, Any]]:
-    """Exactly ``plan.steps_per_epoch`` batches of ``plan.batch_size`` rows for ``rank``.
+def epoch_batches(plan: ShardPlan, rank: int, epoch: int, drop_last: bool = True
+                  ) -> Iterator[dict[str, Any]]:
+    """``rank``'s batches of one epoch: exactly ``plan.steps_per_epoch`` batches of
+    ``plan.batch_size`` rows, the same count on every rank (what training needs).
+
+    With ``drop_last=False`` (evaluation): every row of the rank's shard, so that across the
+    ranks every row of the plan's dataset (its split, without deleted rows) is read exactly
+    once; batches of ``plan.batch_size`` rows but the rank's last, which may be smaller. The
+    ranks' shards differ by at most one row, so their batch counts by at most one: a
+    collective per batch (an allreduce of each batch's loss) would wait forever on a rank
+    that has run out. Sum locally and reduce once after the loop::
+
+        sums = torch.zeros(2)  # [rows, sum of losses]
+        for batch in epoch_batches(plan, rank, 0, drop_last=False):
+            sums += torch.tensor([len(batch["label"]), loss_sum(batch)])
+        dist.all_reduce(sums)  # every rank, once
 
     One pass over the shard per epoch: every row is read at most once per epoch, and the
     order depends only on the seed, the epoch and the rank, so a resumed run reads the same
-    order. Readers are stopped on every exit path, including when the consumer stops early.
+    order (with ``drop_last=False``, the same batches, then the rest). Readers are stopped on
+    every exit path, including when the consumer stops early.
     """
     if plan.reader_pool not in POOL_TYPES:
         raise DataError(f"unknown reader pool {plan.reader_pool!r}; choose one of "
@@ -60,8 +76,8 @@ def epoch_batches(plan: ShardPlan, rank: int, epoch: int) -> Iterator[dict[str, 
     _check_files(plan, f"rank {rank}, epoch {epoch}")
     rng = np.random.default_rng([plan.seed, epoch, rank])
     rebatcher = Rebatcher(plan.batch_size, plan.shuffle_buffer, rng,
-                          private=plan.cache_bytes > 0)
-    emitted = 0
+                          private=plan.cache_bytes > 0, partial_last=not drop_last)
+    emitted = rows = 0
     # read-ahead threads where the rank has a core for them; on one core the same sub-shards
     # are read in turn by the training thread (same order, no threads fighting it)
     threaded = plan.reader_pool == "thread" and usable_cpus() > 1
@@ -83,9 +99,11 @@ def epoch_batches(plan: ShardPlan, rank: int, epoch: int) -> Iterator[dict[str, 
         tensors = batches
     try:
         for batch in tensors:
+            if not drop_last:
+                rows += len(next(iter(batch.values()))) if batch else 0
             yield batch
             emitted += 1
-            if emitted == plan.steps_per_epoch:
+            if drop_last and emitted == plan.steps_per_epoch:
                 _fill_cache(source, plan, rank, epoch)
                 return
     finally:
@@ -94,9 +112,13 @@ def epoch_batches(plan: ShardPlan, rank: int, epoch: int) -> Iterator[dict[str, 
         if hasattr(batches, "close"):
             batches.close()
         groups.close()
-    raise DataError(f"rank {rank} got {emitted} batches in epoch {epoch}, expected "
-                    f"{plan.steps_per_epoch}: the dataset at {plan.url} changed after it was "
-                    "planned; prepare it again")
+    changed = f"the dataset at {plan.url} changed after it was planned; prepare it again"
+    if drop_last:
+        raise DataError(f"rank {rank} got {emitted} batches in epoch {epoch}, expected "
+                        f"{plan.steps_per_epoch}: {changed}")
+    if rows != plan.rows_per_rank[rank]:
+        raise DataError(f"rank {rank} got {rows} rows in epoch {epoch}, expected "
+                        f"{plan.rows_per_rank[rank]}: {changed}")
 
 
 def _rebatched(chunks: Iterator[tuple[Chunk, Any]], rebatcher: Rebatcher) -> Iterator[Chunk]:
@@ -181,80 +203,6 @@ def _fill_cache(source: Source, plan: ShardPlan, rank: int, epoch: int) -> None:
         for _ in _decoded(source, plan, rank, epoch, part, parts):
             if cache.given_up:
                 return
-
-
-class EpochCache:
-    """A rank's decoded pieces, kept in memory up to ``plan.cache_bytes`` (sources hand one
-    table per piece, in :func:`piece_order`): once it holds them all, later epochs take them
-    from here in the order the readers would have read them. Where the shard does not fit,
-    it is given up (said once) and every epoch reads Parquet."""
-
-    def __init__(self, plan: ShardPlan, rank: int) -> None:
-        self.plan, self.rank = plan, rank
-        self.chunks: dict[Piece, Chunk] = {}
-        self.nbytes = 0
-        self.given_up = False
-        self._lock = threading.Lock()
-        self._wanted = len(plan.pieces(rank))
-
-    def complete(self) -> bool:
-        return not self.given_up and len(self.chunks) == self._wanted
-
-    def add(self, piece: Piece, chunk: Chunk) -> None:
-        with self._lock:
-            if self.given_up or piece in self.chunks:
-                return
-            size = sum(chunk_bytes(v) for v in chunk.values())
-            if self.nbytes + size > self.plan.cache_bytes:
-                self.given_up = True
-                self.chunks.clear()
-                log.info("rank %d: its share of the data does not fit in epochCacheMB=%d "
-                         "(%.0f MiB decoded before it ran out); every epoch reads Parquet",
-                         self.rank, self.plan.cache_bytes >> 20, (self.nbytes + size) / 2**20)
-                self.nbytes = 0
-                return
-            # copies of its own: a piece's arrays view the whole row group it was cut from
-            self.chunks[piece] = {k: own_copy(v) for k, v in chunk.items()}
-            self.nbytes += size
-
-
-def own_copy(values: np.ndarray) -> np.ndarray:
-    """``values`` in memory of its own (the arrays of a ragged column's rows too)."""
-    if values.dtype != object:
-        return values.copy()
-    out = np.empty(len(values), dtype=object)
-    out[:] = [v.copy() if isinstance(v, np.ndarray) else v for v in values]
-    return out
-
-
-def chunk_bytes(values: np.ndarray) -> int:
-    """Memory a decoded column will hold in the cache: its values, and for object arrays
-    (ragged rows, bytes, str) each object's own size."""
-    if values.dtype != object:
-        return values.nbytes
-    return values.nbytes + sum(sys.getsizeof(v) + (v.nbytes if isinstance(v, np.ndarray)
-                                                   else 0) for v in values)
-
-
-# this process's epoch caches, by (plan, rank): a task's, dropped when it ends
-# (drop_epoch_caches), since Spark reuses Python workers for later tasks
-_caches: dict[tuple[int, int], EpochCache] = {}
-_caches_lock = threading.Lock()
-
-
-def epoch_cache(plan: ShardPlan, rank: int) -> EpochCache | None:
-    if not plan.cache_bytes:
-        return None
-    with _caches_lock:
-        cache = _caches.get((id(plan), rank))
-        if cache is None or cache.plan is not plan:  # a plan's id is its own while it lives
-            cache = _caches[(id(plan), rank)] = EpochCache(plan, rank)
-        return cache
-
-
-def drop_epoch_caches() -> None:
-    with _caches_lock:
-        _caches.clear()
 
 
 def _check_files(plan: ShardPlan, where: str) -> None:

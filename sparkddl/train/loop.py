@@ -100,7 +100,7 @@ class _Run:
 
 
 def train(spec: TrainSpec) -> dict[str, Any]:
-    from sparkddl.data.reader import drop_epoch_caches
+    from sparkddl.data.epoch_cache import drop_epoch_caches
     try:
         return _train(spec)
     finally:  # the epoch cache's memory: Spark's next task in this Python worker is another

@@ -4,7 +4,8 @@ Tables written by Spark itself in the layouts writers leave (one full row group 
 remainder per file, one row group per file, fewer files than ranks, skewed files,
 partition folders, a single file), fitted at 1-4 ranks: nothing is copied, every rank reads
 the same number of rows (±1) and takes the same steps, and the row ids the ranks read in an
-epoch are every row once but the fewer than ``world × batch`` left over."""
+epoch are every row once but the fewer than ``world × batch`` left over (every row once,
+with ``drop_last=False``, for evaluation)."""
 from __future__ import annotations
 
 import os
@@ -130,6 +131,45 @@ def test_three_ranks_share_two_files_exactly_in_a_real_run(spark_local4, tmp_pat
     assert epochs[0] != epochs[1]
 
 
+def full_and_every_batch(plan) -> tuple[list, list[float]]:
+    """On every rank: epoch 0 read as training reads it and with drop_last=False; rank 0
+    returns every rank's batches of both, and the rows and id sums allreduced once at the
+    end (the ranks' batch counts may differ, so no collective per batch)."""
+    import torch.distributed as dist
+    sparkddl.init_process_group()
+    rank = dist.get_rank()
+    full = [b["id"].tolist() for b in epoch_batches(plan, rank, 0)]
+    every = [b["id"].tolist() for b in epoch_batches(plan, rank, 0, drop_last=False)]
+    sums = torch.tensor([float(sum(map(len, every))), float(sum(map(sum, every)))],
+                        dtype=torch.float64)
+    dist.all_reduce(sums)
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, (full, every))
+    return everyone, sums.tolist()
+
+
+@pytest.mark.timeout(300)
+def test_evaluation_reads_every_row_once_at_three_ranks_in_a_real_run(spark_local4,
+                                                                     tmp_path_factory,
+                                                                     tmp_path):
+    """drop_last=False: 3000 rows at 3 ranks and batch 16 (1000 a rank, 62 batches and 8
+    rows): across the ranks every id once, each rank's last batch partial; the default
+    epoch of the same run is unchanged (62 full batches a rank, the first 62 of them)."""
+    spark = spark_local4
+    df = spark.read.parquet(_tables(spark, tmp_path_factory)["full+remainder"]
+                            ).select("x", "y", "id")
+    prepared = prepare(df, SPEC, num_workers=3, batch_size=BATCH, store=str(tmp_path / "s"))
+    plan = prepared.train.plan(3, BATCH, seed=3)
+    assert prepared.in_place and plan.steps_per_epoch == 62 and plan.rows_skipped == 24
+    ranks, sums = sparkddl.run(full_and_every_batch, plan, num_workers=3, spark=spark,
+                               timeout=120)
+    for full, every in ranks:
+        assert [len(b) for b in full] == [BATCH] * 62
+        assert [len(b) for b in every] == [BATCH] * 62 + [8] and every[:62] == full
+    ids = [i for _, every in ranks for b in every for i in b]
+    assert sorted(ids) == list(range(ROWS)) and sums == [ROWS, sum(range(ROWS))]
+
+
 @pytest.mark.timeout(300)
 def test_a_fit_on_skewed_files_at_three_ranks_trains_every_row_and_says_so(spark_local4,
                                                                           tmp_path_factory,
@@ -181,3 +221,7 @@ def test_deletion_vectors_on_files_spark_wrote_at_three_ranks(spark_local4, tmp_
     for ids in epochs:
         assert len(ids) == len(set(ids)) == plan.rows_per_epoch
         assert set(ids) <= set(kept) and len(kept) - len(ids) < 3 * BATCH
+    # evaluation (drop_last=False, read here rank by rank): every row not deleted, once
+    every = [i for rank in range(3) for b in epoch_batches(plan, rank, 0, drop_last=False)
+             for i in b["id"].tolist()]
+    assert sorted(every) == sorted(kept)

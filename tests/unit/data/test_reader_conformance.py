@@ -18,6 +18,7 @@ import torch
 from pyarrow import fs as pafs
 
 from sparkddl.data import arrow_source, petastorm_source, reader as reader_module
+from sparkddl.data.epoch_cache import drop_epoch_caches
 from sparkddl.data.plan import ShardPlan, list_row_groups, plan_shards, resolve_reader
 from sparkddl.data.reader import epoch_batches
 from sparkddl.data.schema import ColumnSpec
@@ -300,9 +301,9 @@ def test_the_epoch_cache_reads_parquet_once_and_keeps_the_order(dataset, reader,
             assert all(c.given_up == reads_later for c in caches)
             if not reads_later:  # every row of the shard, decoded once
                 assert sum(len(c["id"]) for c in caches[0].chunks.values()) == 256
-            reader_module.drop_epoch_caches()
+            drop_epoch_caches()
     finally:
-        reader_module.drop_epoch_caches()
+        drop_epoch_caches()
 
 
 @pytest.mark.parametrize("reader", READERS)
@@ -322,7 +323,7 @@ def test_batches_edited_in_place_do_not_change_the_cached_epochs(dataset, reader
             assert got == want[epoch]
         assert reader_module.epoch_cache(cached, 0).complete()
     finally:
-        reader_module.drop_epoch_caches()
+        drop_epoch_caches()
 
 
 @pytest.mark.parametrize("reader", READERS)
@@ -341,7 +342,7 @@ def test_the_cache_holds_the_pieces_past_the_last_batch_after_one_epoch(tmp_path
         uncached = dataclasses.replace(plan, cache_bytes=0)
         assert first == _ids(uncached, 0, 0) and _ids(plan, 0, 1) == _ids(uncached, 0, 1)
     finally:
-        reader_module.drop_epoch_caches()
+        drop_epoch_caches()
 
 
 @needs_petastorm
