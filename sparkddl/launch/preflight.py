@@ -64,6 +64,14 @@ def check_gpu_conf(conf: Mapping[str, str], use_gpu: bool) -> None:
             "and spark.task.resource.gpu.amount, or run with use_gpu=False")
 
 
+def asks_for_gpus(sc: Any) -> bool:
+    """Whether the cluster gives tasks GPUs: executors with GPUs (cluster masters) or GPU
+    task resources (local masters); for APIs that take no use_gpu (HorovodRunner)."""
+    conf = dict(cluster_context(sc).getConf().getAll())
+    return _amount(conf, "spark.executor.resource.gpu.amount") >= 1 or \
+        _amount(conf, "spark.task.resource.gpu.amount") > 0
+
+
 @dataclass(frozen=True)
 class GpuStage:
     """How the training stage gets its GPUs. ``cpus`` set: through a stage-level resource
