@@ -46,7 +46,8 @@ class HorovodRunner:
             import torch
 
             from sparkddl.launch.local import run_local
-            return run_local(main, (), kwargs, -self.num_processor, torch.cuda.is_available())
+            return run_local(main, (), kwargs, -self.num_processor, torch.cuda.is_available(),
+                             caller="HorovodRunner.run")
         from sparkddl.launch.preflight import asks_for_gpus
         from sparkddl.launch.runner import launch, spark_session
         from sparkddl.session import cluster_context
