@@ -67,7 +67,12 @@ def _precision(value: Any) -> str:
 
 
 def _shapes(value: Any) -> dict[str, tuple[int, ...]]:
-    return {k: tuple(v) for k, v in (value or {}).items()}
+    return {k: per_row_shape(v) for k, v in (value or {}).items()}
+
+
+def per_row_shape(shape: Any) -> tuple[int, ...]:
+    """Without a leading -1 (the batch, as Horovod writes it): [-1, 1, 8, 8] -> (1, 8, 8)"""
+    return tuple(shape)[1:] if len(shape) > 1 and shape[0] == -1 else tuple(shape)
 
 
 def _options(value: Any) -> dict[str, Any]:
@@ -175,7 +180,7 @@ class TrainConfig:
         preset_default=0.2)
     store: str = option("file:///tmp/sparkddl", "where data and run artifacts go (path, "
                         "file://, /Volumes/..., hdfs://, s3://, dbfs:/, gs://, abfss:// or "
-                        "another fsspec filesystem)", param="store", convert="toString",
+                        "another fsspec filesystem)", param="store", convert="store",
                         preset_default="runs/store")
     seed: int = option(0, "seed for initialization, data order and the validation split",
                        param="seed", convert="toInt", preset="data", check=_non_negative_int)
@@ -215,6 +220,9 @@ class TrainConfig:
         {}, "optional per-feature-column shape, e.g. {'features': [1, 8, 8]}",
         param="featureShapes", preset="data", preset_type=dict[str, list[int]],
         normalize=_shapes, model_param=True)
+    steps_per_epoch: int | None = option(
+        None, "at most this many steps per epoch on each rank (None: a pass over its shard)",
+        param="trainStepsPerEpoch", convert="toInt", check=optional_positive_int)
     shuffle_buffer: int = option(10_000, "rows in each worker's shuffle buffer",
                                  param="shuffleBufferSize", convert="toInt",
                                  check=_non_negative_int)

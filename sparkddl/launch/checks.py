@@ -9,7 +9,7 @@ from typing import Any
 from sparkddl.errors import ConfigError, DataError
 from sparkddl.export.program import InputSpec
 from sparkddl.problems import Problem
-from sparkddl.train.steps import LossFn
+from sparkddl.train.steps import LossFn, takes_class_indices
 
 log = logging.getLogger(__name__)
 
@@ -23,6 +23,7 @@ class ProblemInfo:
     kind: Problem
     output_width: int
     inputs: tuple[InputSpec, ...] = ()
+    note: str = ""  # what the user should know about how the problem was inferred
 
 
 def check_sample(module: Any, step: LossFn, sample: dict[str, Any],
@@ -55,7 +56,7 @@ def check_sample(module: Any, step: LossFn, sample: dict[str, Any],
         raise ConfigError(f"the model returned a {type(output).__name__}; it must return one "
                           "tensor of predictions" + (", or a tuple of them, one per label"
                                                      if several else ""))
-    task = _task(first, target, step.losses[0])
+    task = _task(first, target, step.losses[0], label)
     _check_label_range(task, label, *label_range)
     try:
         with torch.no_grad():
@@ -106,7 +107,7 @@ def _check_train_step(module: Any, step: LossFn, batch: dict[str, Any],
         return ProblemInfo(Problem.REGRESSION, 0)
     if not isinstance(output, torch.Tensor):
         return ProblemInfo(Problem.REGRESSION, 0)
-    return _task(output, batch[step.labels[0]], step.losses[0])
+    return _task(output, batch[step.labels[0]], step.losses[0], step.labels[0])
 
 
 def check_finite(sample: dict[str, Any], features: tuple[str, ...], policy: str) -> None:
@@ -130,14 +131,24 @@ def check_finite(sample: dict[str, Any], features: tuple[str, ...], policy: str)
     log.warning("%s; batches whose loss is not finite will be skipped", what)
 
 
-def _task(output: Any, target: Any, loss_fn: Any) -> ProblemInfo:
+def _task(output: Any, target: Any, loss_fn: Any, label: str) -> ProblemInfo:
     import torch
     width = output.shape[-1] if output.dim() >= 2 else 1
-    if not target.is_floating_point() and width > 1:
+    per_row = target.dim() == output.dim() - 1  # one value per row, several outputs
+    if width > 1 and (not target.is_floating_point() or per_row and
+                      takes_class_indices(loss_fn)):  # float class indices: cast to int64
         return ProblemInfo(Problem.MULTICLASS, width)
     if width == 1 and isinstance(loss_fn, torch.nn.BCEWithLogitsLoss):
         return ProblemInfo(Problem.BINARY, 1)
-    return ProblemInfo(Problem.REGRESSION, width)
+    note = ""
+    if width > 1 and per_row:
+        note = (f"label {label!r} is floating point with {width} model outputs: this fit is "
+                f"a regression of {width} values (transform writes them as the prediction), "
+                f"not a classifier. For a classifier, cast the label to an integer type "
+                f"(df.withColumn({label!r}, df[{label!r}].cast('long'))) or pass "
+                "CrossEntropyLoss/NLLLoss as the loss")
+        log.warning(note)
+    return ProblemInfo(Problem.REGRESSION, width, note=note)
 
 
 def _check_label_range(task: ProblemInfo, label: str, low: int | None, high: int | None) -> None:

@@ -53,6 +53,8 @@ def shard_plan(data: PreparedData, config: TrainConfig, num_workers: int,
                            shuffle_buffer=config.shuffle_buffer,
                            reader_workers=config.reader_workers, reader_pool=config.reader_pool,
                            reader=config.reader, cache_bytes=config.epoch_cache_mb << 20)
+    if config.steps_per_epoch is not None and config.steps_per_epoch < plan.steps_per_epoch:
+        plan = dataclasses.replace(plan, steps_per_epoch=config.steps_per_epoch)
     if config.transform_fn is None:
         return plan
     return dataclasses.replace(plan, transform=config.transform_fn,

@@ -138,7 +138,7 @@ class HasTorchEstimatorParams(HasTorchModelParams, HasSeed):
     store: Param[str] = Param(
         Params._dummy(), 'store',
         'where data and run artifacts go (path, file://, /Volumes/..., hdfs://, s3://, dbfs:/, gs://, abfss:// or another fsspec filesystem)',
-        typeConverter=TypeConverters.toString)
+        typeConverter=_p.store)
     snapshotEvery: Param[int] = Param(
         Params._dummy(), 'snapshotEvery',
         'hand a model snapshot to the driver every N epochs',
@@ -171,6 +171,10 @@ class HasTorchEstimatorParams(HasTorchModelParams, HasSeed):
         Params._dummy(), 'metrics',
         'metric names: means over rows (accuracy, mse, mae), exact ones over the whole validation set from torchmetrics (f1, precision, recall, auroc, average_precision, specificity, mcc, cohen_kappa; r2, pearson, spearman, explained_variance, mape; f1_micro etc. choose the average, macro by default), or callables; default: accuracy for classifiers',
         typeConverter=TypeConverters.identity)
+    trainStepsPerEpoch: Param[int | None] = Param(
+        Params._dummy(), 'trainStepsPerEpoch',
+        'at most this many steps per epoch on each rank (None: a pass over its shard)',
+        typeConverter=TypeConverters.toInt)
     shuffleBufferSize: Param[int] = Param(
         Params._dummy(), 'shuffleBufferSize',
         "rows in each worker's shuffle buffer",
@@ -290,14 +294,14 @@ class HasTorchEstimatorParams(HasTorchModelParams, HasSeed):
                 labelCol='label', sampleWeightCol=None, epochs=10, batchSize=32, numWorkers=2,
                 validation=None, store='file:///tmp/sparkddl', seed=0, snapshotEvery=1,
                 evaluation='auto', bestBy=None, bestByMode='auto', earlyStoppingPatience=0,
-                finalWeights='best', learningRate=None, metrics=None, shuffleBufferSize=10000,
-                readerWorkers=2, epochCacheMB=0, readerPool='thread', reader='auto', useGpu=False,
-                timeout=None, lrScheduler=None, lrSchedulerOptions={}, lrSchedulerInterval='epoch',
-                precision='32', backwardPassesPerStep=1, gradientClipNorm=None,
-                gradientClipValue=None, transformFn=None, trainStep=None, onNonFiniteLoss='raise',
-                strategy='allreduce', strategyOptions={}, progress=True, checkpointEvery=1,
-                checkpointEverySteps=0, keepCheckpoints=3, maxRestarts=2, minWorkers=None,
-                slotWaitTimeout=120.0, runId=None, watchdogTimeout='auto')
+                finalWeights='best', learningRate=None, metrics=None, trainStepsPerEpoch=None,
+                shuffleBufferSize=10000, readerWorkers=2, epochCacheMB=0, readerPool='thread',
+                reader='auto', useGpu=False, timeout=None, lrScheduler=None, lrSchedulerOptions={},
+                lrSchedulerInterval='epoch', precision='32', backwardPassesPerStep=1,
+                gradientClipNorm=None, gradientClipValue=None, transformFn=None, trainStep=None,
+                onNonFiniteLoss='raise', strategy='allreduce', strategyOptions={}, progress=True,
+                checkpointEvery=1, checkpointEverySteps=0, keepCheckpoints=3, maxRestarts=2,
+                minWorkers=None, slotWaitTimeout=120.0, runId=None, watchdogTimeout='auto')
 
     def setModel(self, value: Any) -> Self:
         """Sets model: torch.nn.Module, zero-argument factory returning one, or a name (mlp, cnn, package.module:factory)"""
@@ -462,6 +466,14 @@ class HasTorchEstimatorParams(HasTorchModelParams, HasSeed):
     def getMetrics(self) -> Any:
         """metrics: metric names: means over rows (accuracy, mse, mae), exact ones over the whole validation set from torchmetrics (f1, precision, recall, auroc, average_precision, specificity, mcc, cohen_kappa; r2, pearson, spearman, explained_variance, mape; f1_micro etc. choose the average, macro by default), or callables; default: accuracy for classifiers"""
         return self.getOrDefault(self.metrics)
+
+    def setTrainStepsPerEpoch(self, value: int | None) -> Self:
+        """Sets trainStepsPerEpoch: at most this many steps per epoch on each rank (None: a pass over its shard)"""
+        return self._set(trainStepsPerEpoch=value)
+
+    def getTrainStepsPerEpoch(self) -> int | None:
+        """trainStepsPerEpoch: at most this many steps per epoch on each rank (None: a pass over its shard)"""
+        return self.getOrDefault(self.trainStepsPerEpoch)
 
     def setShuffleBufferSize(self, value: int) -> Self:
         """Sets shuffleBufferSize: rows in each worker's shuffle buffer"""
@@ -700,21 +712,21 @@ class TorchEstimatorBase(Estimator, HasTorchEstimatorParams):
             seed: int = 0, snapshotEvery: int = 1, evaluation: str = 'auto',
             bestBy: str | None = None, bestByMode: str = 'auto', earlyStoppingPatience: int = 0,
             finalWeights: str = 'best', learningRate: float | None = None, metrics: Any = None,
-            featureShapes: dict[str, list[int]] = {}, shuffleBufferSize: int = 10000,
-            readerWorkers: int = 2, epochCacheMB: int = 0, readerPool: str = 'thread',
-            reader: str = 'auto', useGpu: bool = False, timeout: float | None = None,
-            lrScheduler: Any = None, lrSchedulerOptions: dict[str, Any] = {},
-            lrSchedulerInterval: str = 'epoch', precision: str = '32',
-            backwardPassesPerStep: int = 1, gradientClipNorm: float | None = None,
-            gradientClipValue: float | None = None, transformFn: Any = None, trainStep: Any = None,
-            onNonFiniteLoss: str = 'raise', strategy: str = 'allreduce',
-            strategyOptions: dict[str, Any] = {}, progress: bool = True, checkpointEvery: int = 1,
-            checkpointEverySteps: int = 0, keepCheckpoints: int = 3, maxRestarts: int = 2,
-            minWorkers: int | None = None, slotWaitTimeout: float = 120.0,
-            runId: str | None = None, watchdogTimeout: float | str | None = 'auto',
-            predictionCol: str = 'prediction', probabilityCol: str = 'probability',
-            rawPredictionCol: str = 'rawPrediction', inferenceBatchSize: int = 1024,
-            inferenceDevice: str = 'auto') -> None:
+            featureShapes: dict[str, list[int]] = {}, trainStepsPerEpoch: int | None = None,
+            shuffleBufferSize: int = 10000, readerWorkers: int = 2, epochCacheMB: int = 0,
+            readerPool: str = 'thread', reader: str = 'auto', useGpu: bool = False,
+            timeout: float | None = None, lrScheduler: Any = None,
+            lrSchedulerOptions: dict[str, Any] = {}, lrSchedulerInterval: str = 'epoch',
+            precision: str = '32', backwardPassesPerStep: int = 1,
+            gradientClipNorm: float | None = None, gradientClipValue: float | None = None,
+            transformFn: Any = None, trainStep: Any = None, onNonFiniteLoss: str = 'raise',
+            strategy: str = 'allreduce', strategyOptions: dict[str, Any] = {},
+            progress: bool = True, checkpointEvery: int = 1, checkpointEverySteps: int = 0,
+            keepCheckpoints: int = 3, maxRestarts: int = 2, minWorkers: int | None = None,
+            slotWaitTimeout: float = 120.0, runId: str | None = None,
+            watchdogTimeout: float | str | None = 'auto', predictionCol: str = 'prediction',
+            probabilityCol: str = 'probability', rawPredictionCol: str = 'rawPrediction',
+            inferenceBatchSize: int = 1024, inferenceDevice: str = 'auto') -> None:
         super().__init__()
         self._set(**self._input_kwargs)
 
@@ -727,20 +739,20 @@ class TorchEstimatorBase(Estimator, HasTorchEstimatorParams):
             seed: int = 0, snapshotEvery: int = 1, evaluation: str = 'auto',
             bestBy: str | None = None, bestByMode: str = 'auto', earlyStoppingPatience: int = 0,
             finalWeights: str = 'best', learningRate: float | None = None, metrics: Any = None,
-            featureShapes: dict[str, list[int]] = {}, shuffleBufferSize: int = 10000,
-            readerWorkers: int = 2, epochCacheMB: int = 0, readerPool: str = 'thread',
-            reader: str = 'auto', useGpu: bool = False, timeout: float | None = None,
-            lrScheduler: Any = None, lrSchedulerOptions: dict[str, Any] = {},
-            lrSchedulerInterval: str = 'epoch', precision: str = '32',
-            backwardPassesPerStep: int = 1, gradientClipNorm: float | None = None,
-            gradientClipValue: float | None = None, transformFn: Any = None, trainStep: Any = None,
-            onNonFiniteLoss: str = 'raise', strategy: str = 'allreduce',
-            strategyOptions: dict[str, Any] = {}, progress: bool = True, checkpointEvery: int = 1,
-            checkpointEverySteps: int = 0, keepCheckpoints: int = 3, maxRestarts: int = 2,
-            minWorkers: int | None = None, slotWaitTimeout: float = 120.0,
-            runId: str | None = None, watchdogTimeout: float | str | None = 'auto',
-            predictionCol: str = 'prediction', probabilityCol: str = 'probability',
-            rawPredictionCol: str = 'rawPrediction', inferenceBatchSize: int = 1024,
-            inferenceDevice: str = 'auto') -> Self:
+            featureShapes: dict[str, list[int]] = {}, trainStepsPerEpoch: int | None = None,
+            shuffleBufferSize: int = 10000, readerWorkers: int = 2, epochCacheMB: int = 0,
+            readerPool: str = 'thread', reader: str = 'auto', useGpu: bool = False,
+            timeout: float | None = None, lrScheduler: Any = None,
+            lrSchedulerOptions: dict[str, Any] = {}, lrSchedulerInterval: str = 'epoch',
+            precision: str = '32', backwardPassesPerStep: int = 1,
+            gradientClipNorm: float | None = None, gradientClipValue: float | None = None,
+            transformFn: Any = None, trainStep: Any = None, onNonFiniteLoss: str = 'raise',
+            strategy: str = 'allreduce', strategyOptions: dict[str, Any] = {},
+            progress: bool = True, checkpointEvery: int = 1, checkpointEverySteps: int = 0,
+            keepCheckpoints: int = 3, maxRestarts: int = 2, minWorkers: int | None = None,
+            slotWaitTimeout: float = 120.0, runId: str | None = None,
+            watchdogTimeout: float | str | None = 'auto', predictionCol: str = 'prediction',
+            probabilityCol: str = 'probability', rawPredictionCol: str = 'rawPrediction',
+            inferenceBatchSize: int = 1024, inferenceDevice: str = 'auto') -> Self:
         """Sets the given Params; the others keep their values."""
         return self._set(**self._input_kwargs)

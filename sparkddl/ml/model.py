@@ -8,7 +8,7 @@ from pyspark.ml import Model
 from pyspark.ml.util import MLReadable, MLWritable, MLWriter
 
 from sparkddl.export import program as exported
-from sparkddl.config import TrainConfig
+from sparkddl.config import TrainConfig, per_row_shape
 from sparkddl.errors import ConfigError, DataError
 from sparkddl.ml import architecture
 from sparkddl.ml.generated_params import HasTorchModelParams
@@ -157,7 +157,8 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
     def _feature_shapes(self, features: list[str]) -> dict[str, list[int]]:
         """Each feature's per-row shape: declared (featureShapes), else as trained, so that
         a column of another width is named with the column (not torch's shape error)."""
-        declared = {k: list(v) for k, v in self.getOrDefault(self.featureShapes).items()}
+        declared = {k: list(per_row_shape(v))
+                    for k, v in self.getOrDefault(self.featureShapes).items()}
         trained = {name: list(self._input_columns.get(name, {}).get("shape") or [])
                    for name in features}
         return {**{k: v for k, v in trained.items() if v}, **declared}

@@ -35,6 +35,13 @@ def labels(value: Any) -> Any:
     return features(value)
 
 
+def store(value: Any) -> str:
+    """store: a path or URL, or a Store-like object with a ``prefix_path`` (Horovod's
+    ``LocalStore``/``HDFSStore``, sparkddl.horovod.spark's): its path."""
+    from pyspark.ml.param import TypeConverters
+    return TypeConverters.toString(getattr(value, "prefix_path", value))
+
+
 @dataclass(frozen=True)
 class ParamSpec:
     name: str

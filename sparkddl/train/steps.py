@@ -44,13 +44,34 @@ class LossFn:
             forward_done()
         outputs = (output,) if len(self.labels) == 1 else _several(output, len(self.labels))
         weight = batch[self.weight] if self.weight else None
-        total = None
+        total, targets = None, []
         for out, label, fn in zip(outputs, self.labels, self.losses):
-            part = fn(out, batch[label])
+            targets.append(class_target(fn, out, batch[label], label))
+            part = fn(out, targets[-1])
             if weight is not None:
                 part = _weighted(part, weight)
             total = part if total is None else total + part
-        return total, outputs[0], batch[self.labels[0]]
+        return total, outputs[0], targets[0]
+
+
+def takes_class_indices(fn: Any) -> bool:
+    """Whether ``fn`` is a loss whose target is class indices (CrossEntropyLoss, NLLLoss)."""
+    import torch
+    return isinstance(fn, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss)) or any(
+        fn is f for f in (torch.nn.functional.cross_entropy, torch.nn.functional.nll_loss))
+
+
+def class_target(fn: Any, output: Any, target: Any, label: str) -> Any:
+    """A floating-point label of one class index per row (what libsvm files give) for a loss
+    that takes class indices: as int64; a value that is not a whole number is an error."""
+    if not getattr(target, "is_floating_point", lambda: False)() or \
+            getattr(output, "dim", lambda: 0)() != target.dim() + 1 or not takes_class_indices(fn):
+        return target
+    if not bool((target == target.round()).all()):
+        raise ConfigError(f"label {label!r} holds values that are not whole numbers, but "
+                          f"{getattr(fn, '__name__', type(fn).__name__)} takes class indices; "
+                          "give it integer class labels (0..classes-1)")
+    return target.long()
 
 
 def _several(output: Any, n: int) -> tuple[Any, ...]:

@@ -269,8 +269,10 @@ def test_a_store_the_executors_cannot_reach_is_refused(spark_local, tmp_path):
 
 
 def test_float_labels_for_cross_entropy(spark_local, tmp_path):
-    df = digits_df(spark_local).selectExpr("features", "cast(label as double) as label")
-    with pytest.raises(ConfigError, match=r"CrossEntropyLoss needs integer class labels"):
+    # whole-number doubles are taken as class indices (tests/integration/test_horovod_estimator)
+    df = digits_df(spark_local).selectExpr("features", "label + 0.5 as label")
+    with pytest.raises(ConfigError, match=r"not whole numbers, but CrossEntropyLoss takes "
+                                          r"class indices"):
         estimator(tmp_path).fit(df)
 
 

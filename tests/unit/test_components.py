@@ -87,8 +87,9 @@ def test_sample_check_explains_shape_and_label_mistakes():
     with pytest.raises(ConfigError, match=r"x: \[4, 60\] torch.float32.*input size"):
         check_sample(net, CE, narrow)
     floats = {"x": np.zeros((4, 64), np.float32), "y": np.zeros(4, np.float32)}
-    with pytest.raises(ConfigError, match="CrossEntropyLoss needs integer class labels"):
-        check_sample(net, CE, floats)
+    assert check_sample(net, CE, floats).kind == "multiclass"  # whole numbers: class indices
+    with pytest.raises(ConfigError, match="'y' holds values that are not whole numbers"):
+        check_sample(net, CE, {**floats, "y": np.full(4, 0.5, np.float32)})
     with pytest.raises(ConfigError, match=r"ranges over \[0, 12\] but the model outputs 10"):
         check_sample(net, CE, good, (0, 12))
 

@@ -48,7 +48,8 @@ def test_every_param_reaches_the_training_config():
                "lrSchedulerInterval": "step", "precision": "bf16-mixed",
                "backwardPassesPerStep": 2, "gradientClipNorm": 1.0, "gradientClipValue": 0.5,
                "trainStep": len, "onNonFiniteLoss": "skip_batch", "transformFn": dict,
-               "minWorkers": 1, "slotWaitTimeout": 30.0, "evaluation": "ranks"}
+               "minWorkers": 1, "slotWaitTimeout": 30.0, "evaluation": "ranks",
+               "trainStepsPerEpoch": 3}
     # the rest are passed to fit() directly (model, optimizer, loss, callbacks) or used by
     # the TorchModel
     elsewhere = {"model", "optimizer", "loss", "callbacks", "predictionCol", "probabilityCol",

@@ -1,0 +1,1 @@
+"""Horovod's ``horovod.spark.common`` names that sparkddl accepts (the Store classes)."""
