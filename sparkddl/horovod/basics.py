@@ -94,7 +94,13 @@ def _env_int(names: tuple[str, ...], default: int) -> int:
 
 
 def local_rank() -> int:
-    """This rank's index among the ranks on its host."""
+    """This rank's index among the ranks on its host; for a rank that Spark gave a GPU of
+    its own (the only one it sees), that GPU's index, so that Horovod's
+    ``torch.cuda.set_device(hvd.local_rank())`` selects it."""
+    from sparkddl.task import context
+    if context.is_active() and context.current().gpus:
+        from sparkddl.task.dist import local_device_index
+        return local_device_index()
     return _env_int(("SPARKDDL_LOCAL_RANK", "LOCAL_RANK"), 0) if _launched() else 0
 
 

@@ -3,6 +3,7 @@ data (prepared, sampled, planned into shards), the metrics and the best-snapshot
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -21,6 +22,8 @@ from sparkddl.train.metrics import per_batch, resolve_metrics
 from sparkddl.train.optimization import (SchedulerRecipe, check_precision, check_scheduler,
                                          scheduler_recipe)
 from sparkddl.train.steps import LossFn, loss_fn
+
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -55,6 +58,10 @@ def shard_plan(data: PreparedData, config: TrainConfig, num_workers: int,
                            reader=config.reader, cache_bytes=config.epoch_cache_mb << 20)
     if config.steps_per_epoch is not None and config.steps_per_epoch < plan.steps_per_epoch:
         plan = dataclasses.replace(plan, steps_per_epoch=config.steps_per_epoch)
+    elif config.steps_per_epoch is not None and config.steps_per_epoch > plan.steps_per_epoch:
+        log.warning("trainStepsPerEpoch=%d is more than one pass over each rank's shard (%d "
+                    "steps): an epoch stays one pass; raise epochs to train longer",
+                    config.steps_per_epoch, plan.steps_per_epoch)
     if config.transform_fn is None:
         return plan
     return dataclasses.replace(plan, transform=config.transform_fn,

@@ -94,8 +94,10 @@ class StageMonitor:
             m.Log: [self._print], m.Error: [self._failed], m.Closed: [self._closed],
             m.Heartbeat: [self._beat], m.Done: [self._done], m.Stacks: [self._stacks],
             m.LastWords: [self._last_words]}
+        # the caller's first: what it records from a message (a Done's group size) is there
+        # before a built-in handler wakes whoever waits for that message
         for kind, handler in (handlers or {}).items():
-            self.table.setdefault(kind, []).append(handler)
+            self.table.setdefault(kind, []).insert(0, handler)
 
     def wait_finished(self, world: int, timeout_s: float) -> list[int]:
         """Wait until every rank's "done" (its last frame) or the end of its connection has

@@ -24,7 +24,7 @@ from sparkddl.channel.offline import OfflineChannel
 from sparkddl.errors import ClusterError
 from sparkddl.task import context
 from sparkddl.task.affinity import pinned
-from sparkddl.task.dist import note_visible_devices
+from sparkddl.task.dist import note_visible_devices, task_device_index
 from sparkddl.task.frameworks import GroupWatch, reset_library_state, restored_environ
 from sparkddl.task.gpu import map_gpu_addresses
 from sparkddl.task.heartbeat import Heartbeat
@@ -362,9 +362,11 @@ def _torchrun_env(ctx: context.RankContext, threads: int, node_per_rank: bool = 
                   ) -> dict[str, str]:
     """torchrun's environment for the rank: host-local ranks, or (``node_per_rank``, pyspark
     TorchDistributor's contract) each task a node of one process, whose only GPU is device 0;
-    the host-local values always under SPARKDDL_* names."""
-    local = (0, 1, ctx.rank) if node_per_rank else \
-        (ctx.local_rank, ctx.local_world_size, ctx.node_rank)
+    the host-local values always under SPARKDDL_* names. With GPUs, that node's LOCAL_RANK is
+    its GPU's index in this process (0 unless an earlier task of this reused worker
+    initialized CUDA seeing other devices), so that ``set_device(LOCAL_RANK)`` is its GPU."""
+    local = ((task_device_index(ctx.gpus[0]) if ctx.gpus else 0), 1, ctx.rank) \
+        if node_per_rank else (ctx.local_rank, ctx.local_world_size, ctx.node_rank)
     env = {
         "RANK": ctx.rank, "WORLD_SIZE": ctx.world_size, "LOCAL_RANK": local[0],
         "LOCAL_WORLD_SIZE": local[1], "GROUP_RANK": local[2],

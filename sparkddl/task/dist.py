@@ -78,8 +78,7 @@ def local_device_index() -> int:
     import torch
 
     if context.is_active() and context.current().gpus:
-        return device_index(context.current().gpus[0], torch.cuda.is_initialized(),
-                            _visible_at_cuda_init)
+        return task_device_index(context.current().gpus[0])
     count = max(torch.cuda.device_count(), 1)
     # the host's ranks as sparkddl counted them (TorchDistributor's contract sets LOCAL_RANK
     # to 0 on every rank), else as the launcher set them
@@ -92,6 +91,12 @@ def local_device_index() -> int:
             "host, or let Spark assign each rank a GPU of its own (a cluster master with "
             "spark.executor.resource.gpu.amount set)")
     return int(os.environ.get("SPARKDDL_LOCAL_RANK", os.environ.get("LOCAL_RANK", "0"))) % count
+
+
+def task_device_index(gpu: str) -> int:
+    """The index of the task's GPU ``gpu`` as CUDA numbers devices in this process."""
+    import torch
+    return device_index(gpu, torch.cuda.is_initialized(), _visible_at_cuda_init)
 
 
 def device_index(gpu: str, cuda_initialized: bool, visible_at_init: str | None) -> int:

@@ -82,6 +82,19 @@ class GroupWatch:
             return out
 
         dist.init_process_group = c10d.init_process_group = init_process_group
+        # a function that imported init_process_group by name before this wrapper (the
+        # DDP tutorial's `from torch.distributed import init_process_group`) calls the
+        # original, which installs its group through this module-level helper (torch 2.5+)
+        update = getattr(c10d, "_update_default_pg", None)
+
+        def _update_default_pg(pg: Any) -> Any:
+            out = update(pg)
+            if pg is not None:
+                self.largest = max(self.largest, int(pg.size()))
+            return out
+
+        if update is not None:
+            c10d._update_default_pg = _update_default_pg
         try:
             yield self
             self.note()
@@ -90,6 +103,8 @@ class GroupWatch:
                 self.largest = min(self.largest, used)
         finally:
             dist.init_process_group, c10d.init_process_group = saved
+            if update is not None:
+                c10d._update_default_pg = update
 
 
 def _accelerate_processes() -> int | None:
@@ -109,8 +124,13 @@ def reset_library_state() -> None:
         for name, args in (("AcceleratorState", (True,)), ("GradientState", ()),
                            ("PartialState", ())):
             reset = getattr(getattr(state, name, None), "_reset_state", None)
-            if reset is not None:
-                reset(*args)
+            try:
+                if reset is not None:
+                    reset(*args)
+            except Exception as exc:  # noqa: BLE001 - a private API: never fail the run
+                log.warning("could not reset accelerate's %s (%s: %s); a later run in this "
+                            "Python worker may see this run's state", name,
+                            type(exc).__name__, exc)
 
 
 @contextmanager

@@ -57,6 +57,7 @@ class LossFn:
 def takes_class_indices(fn: Any) -> bool:
     """Whether ``fn`` is a loss whose target is class indices (CrossEntropyLoss, NLLLoss)."""
     import torch
+    fn = getattr(fn, "class_loss", fn)  # a wrapper (Horovod's loss_weights) names its loss
     return isinstance(fn, (torch.nn.CrossEntropyLoss, torch.nn.NLLLoss)) or any(
         fn is f for f in (torch.nn.functional.cross_entropy, torch.nn.functional.nll_loss))
 

@@ -69,7 +69,7 @@ def _note(name: str, text: str) -> None:
     """Say ``text`` once per process for each Horovod keyword ``name``."""
     if name not in _noted:
         _noted.add(name)
-        warnings.warn(text, FutureWarning, stacklevel=5)
+        warnings.warn(text, FutureWarning, stacklevel=4)
 
 
 @dataclass
@@ -81,6 +81,11 @@ class WeightedLoss:
 
     def __call__(self, output: Any, label: Any) -> Any:
         return self.weight * self.loss(output, label)
+
+    @property
+    def class_loss(self) -> Callable[..., Any]:
+        """The loss it weights (whether it takes class indices: sparkddl.train.steps)."""
+        return self.loss
 
 
 def _features(kwargs: dict[str, Any]) -> list[str]:
@@ -113,10 +118,11 @@ def _loss_constructors(value: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def _compression(value: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
+    from sparkddl.horovod.collectives import Compression
     name = value if isinstance(value, str) else getattr(value, "__name__", type(value).__name__)
-    if "none" in name.lower():
+    if value is Compression.none or "none" in name.lower():  # Horovod's NoneCompressor
         return {}
-    if "fp16" in name.lower():  # from the first step, as Horovod compresses
+    if value is Compression.fp16 or "fp16" in name.lower():  # from the first step, as Horovod compresses
         return {"strategyOptions": {"compression": "fp16", "warmup_steps": 0}}
     raise ConfigError(f"gradient_compression={value!r}: sparkddl's allreduce compresses with "
                       "fp16, bf16, powersgd, topk or sign; pass strategyOptions="

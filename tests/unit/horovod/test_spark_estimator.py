@@ -177,3 +177,17 @@ def test_float_labels_with_several_outputs_and_another_loss_say_it_is_a_regressi
     assert problem.kind == "regression"
     assert "3 model outputs: this fit is a regression" in problem.note
     assert "cast('long')" in caplog.text
+
+
+def test_weighted_class_index_losses_still_take_class_indices_and_hvd_compression_maps():
+    import torch
+
+    import sparkddl.horovod.torch as hvd
+    from sparkddl.horovod.spark.torch import WeightedLoss, _compression
+    from sparkddl.train.steps import class_target, takes_class_indices
+    weighted = WeightedLoss(torch.nn.CrossEntropyLoss(), 0.5)
+    assert takes_class_indices(weighted)
+    target = class_target(weighted, torch.zeros(3, 10), torch.tensor([1.0, 2.0, 9.0]), "label")
+    assert target.dtype == torch.int64 and target.tolist() == [1, 2, 9]
+    assert _compression(hvd.Compression.none, {}) == {}
+    assert _compression(hvd.Compression.fp16, {})["strategyOptions"]["compression"] == "fp16"
