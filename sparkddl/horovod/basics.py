@@ -55,9 +55,12 @@ def shutdown() -> None:
     """Leave the default process group (``init()`` can join a new one after)."""
     import torch.distributed as dist
 
+    from sparkddl.task.bootstrap import release_process_groups
     _cross.clear()
     if dist.is_initialized():
-        dist.destroy_process_group()  # looked up now: sparkddl's tasks wrap it
+        # ended but kept, never freed: freeing a gloo group can deadlock its destructor
+        # (torch 2.4's destroy_process_group hung 1 run in 4 here; see bootstrap._RETIRED)
+        release_process_groups()
 
 
 def is_initialized() -> bool:

@@ -136,7 +136,12 @@ def _too_many_passes(model, opt, r: int) -> str:
 
 
 def main(folder: str) -> None:
+    import faulthandler
+
     import sparkddl.horovod.torch as hvd
+
+    # a hang prints every thread's stack and ends the rank, well before the test's timeout
+    faulthandler.dump_traceback_later(90, exit=True)
 
     hvd.init()
     r = hvd.rank()

@@ -35,6 +35,7 @@ def ranks(tmp_path_factory) -> list[dict]:
         [sys.executable, "-m", "tests.unit.horovod.hvd_checks", str(folder)], cwd=ROOT,
         env={**base, "RANK": str(r), "WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1",
              "MASTER_PORT": str(store.port), "TORCHELASTIC_USE_AGENT_STORE": "True",
+             "TORCHELASTIC_RESTART_COUNT": "0",  # torch 2.4 reads it with the agent store
              "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "1", "GROUP_RANK": str(r),
              "SPARKDDL_LOCAL_RANK": str(r), "SPARKDDL_LOCAL_WORLD_SIZE": str(WORLD),
              "SPARKDDL_NODE_RANK": "0", "OMP_NUM_THREADS": "1",
