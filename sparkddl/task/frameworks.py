@@ -16,7 +16,6 @@ ranks formed none of the run's size.
 """
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import sys
@@ -57,8 +56,8 @@ def warn_unsynced(world: int, groups: list[int], caller: str, stacklevel: int = 
 
 class GroupWatch:
     """While a rank's function runs, the size of the largest default process group it
-    initialized (through ``torch.distributed.init_process_group``, looked up by attribute as
-    frameworks do, or still initialized when the function returns)."""
+    initialized (through torch's ``_update_default_pg``, present from torch 1.x to 2.13, or
+    still initialized when the function returns)."""
 
     def __init__(self) -> None:
         self.largest = 0
@@ -70,22 +69,11 @@ class GroupWatch:
 
     @contextmanager
     def watching(self) -> Iterator["GroupWatch"]:
-        import torch.distributed as dist
         import torch.distributed.distributed_c10d as c10d
-        saved = (dist.init_process_group, c10d.init_process_group)
-        original = saved[1]
-
-        @functools.wraps(original)
-        def init_process_group(*args: Any, **kwargs: Any) -> Any:
-            out = original(*args, **kwargs)
-            self.note()
-            return out
-
-        dist.init_process_group = c10d.init_process_group = init_process_group
-        # a function that imported init_process_group by name before this wrapper (the
-        # DDP tutorial's `from torch.distributed import init_process_group`) calls the
-        # original, which installs its group through this module-level helper (torch 2.5+)
-        update = getattr(c10d, "_update_default_pg", None)
+        # init_process_group installs its group through this module-level helper, looked up
+        # at call time: seen however the function imported init_process_group (the DDP
+        # tutorial's `from torch.distributed import init_process_group` included)
+        update = c10d._update_default_pg
 
         def _update_default_pg(pg: Any) -> Any:
             out = update(pg)
@@ -93,8 +81,7 @@ class GroupWatch:
                 self.largest = max(self.largest, int(pg.size()))
             return out
 
-        if update is not None:
-            c10d._update_default_pg = _update_default_pg
+        c10d._update_default_pg = _update_default_pg
         try:
             yield self
             self.note()
@@ -102,9 +89,7 @@ class GroupWatch:
             if used is not None:  # accelerate formed a group it does not train with
                 self.largest = min(self.largest, used)
         finally:
-            dist.init_process_group, c10d.init_process_group = saved
-            if update is not None:
-                c10d._update_default_pg = update
+            c10d._update_default_pg = update
 
 
 def _accelerate_processes() -> int | None:

@@ -41,13 +41,14 @@ def test_the_environment_is_restored_whatever_the_function_did(monkeypatch):
 
 def test_a_group_formed_and_destroyed_is_still_counted(tmp_path):
     import torch.distributed as dist
-    original = dist.init_process_group
+    import torch.distributed.distributed_c10d as c10d
+    original = c10d._update_default_pg
     with GroupWatch().watching() as watch:
         dist.init_process_group("gloo", init_method=f"file://{tmp_path}/store", rank=0,
                                 world_size=1)
         dist.destroy_process_group()
     assert watch.largest == 1
-    assert dist.init_process_group is original  # the original is back
+    assert c10d._update_default_pg is original  # the original is back
 
 
 def _gpu_rank(rank: int, local_rank: int, gpu: str):
