@@ -7,7 +7,7 @@ fresh Python worker.
 from __future__ import annotations
 
 import importlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
@@ -27,6 +27,20 @@ _EXPORTS = {
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
+
+if TYPE_CHECKING:  # the same names for type checkers and the API reference; never run
+    from sparkddl.data.delta import read_delta
+    from sparkddl.data.iceberg import read_iceberg
+    from sparkddl.distributor import TorchDistributor
+    from sparkddl.errors import (CheckpointError, ClusterError, ConfigError, DataError,
+                                 JobCancelledError, NonFiniteLossError, SparkDDLError,
+                                 StoreError, TrainingFailedError, TransformError,
+                                 UntrustedArtifactError)
+    from sparkddl.launch.runner import run
+    from sparkddl.ml import TorchEstimator, TorchModel, trusted_loading
+    from sparkddl.store import Store
+    from sparkddl.task.dist import device, init_process_group
+    from sparkddl.task.frameworks import UnsyncedTrainingWarning
 
 
 def __getattr__(name: str) -> Any:

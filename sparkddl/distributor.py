@@ -25,7 +25,22 @@ SSL_KEY = "pytorch.spark.distributor.ignoreSsl"
 
 
 class TorchDistributor:
-    """Distributed PyTorch training on Spark, with pyspark's constructor and ``run``."""
+    """Distributed PyTorch training on Spark, with pyspark's constructor and ``run``.
+
+    Args:
+        num_processes: processes (ranks) to start.
+        local_mode: True: the processes run on the driver's host; False: one barrier task
+            per process on the executors.
+        use_gpu: give each process a GPU (the driver's in local mode, the one Spark
+            assigned to its task otherwise).
+        _ssl_conf: the conf key that allows training when ``spark.ssl.enabled`` is true
+            (torch.distributed traffic is not encrypted), as pyspark's.
+        spark: the SparkSession (default: the active one).
+
+    Raises:
+        ConfigError: ``num_processes`` is not a positive integer.
+        ClusterError: Spark's SSL is on without the key above, or too few GPUs.
+    """
 
     def __init__(self, num_processes: int = 1, local_mode: bool = True, use_gpu: bool = True,
                  _ssl_conf: str = SSL_KEY, spark: Any = None):

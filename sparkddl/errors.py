@@ -89,7 +89,7 @@ class TrainingFailedError(SparkDDLError, RuntimeError):
     too, as pyspark's TorchDistributor raises for a failed run).
 
     Attributes:
-        failures: one :class:`RankFailure` per rank that reported an error, in the order the
+        failures: one ``RankFailure`` per rank that reported an error, in the order the
             reports arrived: the first is usually the cause, later ones its consequences
             (peers whose collectives broke).
         ranks: the failing ranks, sorted.

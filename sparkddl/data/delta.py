@@ -78,8 +78,16 @@ def read_delta(spark: Any, url: str) -> Any:
     wherever it goes: files with a deletion vector lose their deleted rows (an anti join on
     ``_metadata.row_index``), and with column mapping the files' columns are renamed to the
     table's, partition values added from the log. Given to a fit as it is, its files are
-    read in place and each rank applies the deletion vectors of the files it reads. A reader
-    feature sparkddl does not apply: DataError, as for :func:`delta_listing`."""
+    read in place and each rank applies the deletion vectors of the files it reads.
+
+    Args:
+        spark: the SparkSession.
+        url: the table's folder (any Store URL: path, ``file://``, ``s3://``, ...).
+
+    Raises:
+        DataError: not a Delta table, no data files, or a reader feature sparkddl does not
+            apply.
+    """
     listing = delta_listing(url)
     if listing is None:
         raise DataError(f"{url} is not a Delta table (no {DELTA_LOG}/ in it); read a folder of "

@@ -96,13 +96,19 @@ def read_iceberg(spark: Any, table_or_identifier: Any, catalog: Any = None) -> A
     for sessions without Iceberg's Spark jar: Spark reads the files the table's manifests
     name, not every Parquet file under its location; files with positional delete files
     lose their deleted rows (an anti join on ``_metadata.row_index``, as for
-    :func:`sparkddl.data.delta.read_delta`), and given to a fit as it is, each rank applies
-    the delete files of the files it reads.
+    ``read_delta``), and given to a fit as it is, each rank applies the delete files of the
+    files it reads.
 
-    ``table_or_identifier`` is a pyiceberg ``Table``, or its identifier (``"db.table"``) in
-    ``catalog``: a pyiceberg ``Catalog``, or the name of one pyiceberg's configuration
-    (``~/.pyiceberg.yaml``, ``PYICEBERG_CATALOG__*``) defines; None for its default.
-    Equality deletes and renamed columns: DataError, as for :func:`iceberg_listing`."""
+    Args:
+        spark: the SparkSession.
+        table_or_identifier: a pyiceberg ``Table``, or its identifier (``"db.table"``) in
+            ``catalog``.
+        catalog: a pyiceberg ``Catalog``, or the name of one pyiceberg's configuration
+            (``~/.pyiceberg.yaml``, ``PYICEBERG_CATALOG__*``) defines; None for its default.
+
+    Raises:
+        DataError: no data files, equality deletes or renamed columns.
+    """
     table = _table(table_or_identifier, catalog)
     listing = iceberg_listing(table)
     if not listing.paths:

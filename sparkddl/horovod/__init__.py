@@ -21,7 +21,17 @@ VERBOSITIES = ("all", "log_callback_only")
 
 
 class HorovodRunner:
-    """Run a Horovod training function on Spark: ``HorovodRunner(np=2).run(train, lr=0.1)``."""
+    """Run a Horovod training function on Spark: ``HorovodRunner(np=2).run(train, lr=0.1)``.
+
+    Args:
+        np: ranks on the cluster (``np > 0``), or minus the processes on the driver
+            (``np < 0``, local mode).
+        driver_log_verbosity: ``all`` or ``log_callback_only``; checked, otherwise unused
+            (rank output always reaches the driver prefixed with the rank).
+
+    Raises:
+        ConfigError: ``np`` is 0 or not an integer, or an unknown verbosity.
+    """
 
     def __init__(self, np: int, driver_log_verbosity: str = "all"):  # noqa: A002 - its name
         if isinstance(np, bool) or not isinstance(np, int):

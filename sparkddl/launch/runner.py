@@ -32,25 +32,35 @@ def run(fn: Callable[..., Any] | str | os.PathLike, *args: Any, num_workers: int
 
     ``fn`` may also be the path of a Python file: it runs as ``__main__`` on every rank with
     ``sys.argv = [path, *args]`` (strings, as with torchrun), and the run returns None; a
-    non-zero exit status fails it like an exception (see :mod:`sparkddl.task.script`).
+    non-zero exit status fails it like an exception.
 
     Each rank runs inside its own task of one Spark barrier stage, with the environment a
     torchrun script expects (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR,
     MASTER_PORT, TORCHELASTIC_USE_AGENT_STORE), so ``torch.distributed.init_process_group()``
-    works unmodified; :func:`sparkddl.init_process_group` does it for you (gloo on CPU, NCCL
+    works unmodified; ``sparkddl.init_process_group()`` does it for you (gloo on CPU, NCCL
     on GPU). Rank output is streamed to the driver prefixed with the rank.
 
     Args:
+        fn: the function (pickled to the executors with its closure), or a script's path.
+        *args: positional arguments of ``fn`` (a script's command line).
         num_workers: ranks to start; defaults to every task slot of the cluster.
         use_gpu: give each rank the GPU(s) Spark assigned to its task.
         timeout: wall-clock limit in seconds for the whole run (None: no limit); also the
             collective timeout of the process group the helper creates.
         spark: the SparkSession to use (default: the active one).
         torch_threads: intra-op threads per rank (default: spark.task.cpus).
+        **kwargs: keyword arguments of ``fn`` (not for a script).
+
+    Returns:
+        Rank 0's return value (None for a script).
 
     Raises:
-        ConfigError / ClusterError before anything starts; TrainingFailedError, naming the
-        failing rank(s) with their tracebacks, as soon as a rank fails or time runs out.
+        ConfigError: a bad argument, before anything starts.
+        ClusterError: the cluster cannot run the barrier stage (too few slots, GPUs, the
+            executors' Python), before anything starts.
+        TrainingFailedError: a rank failed or time ran out; it names the failing rank(s)
+            with their tracebacks.
+        JobCancelledError: the run's Spark job was cancelled, or the driver interrupted.
     """
     return launch(fn, args, kwargs, num_workers=num_workers, use_gpu=use_gpu, timeout=timeout,
                   spark=spark, torch_threads=torch_threads)

@@ -16,24 +16,29 @@ from sparkddl.tracking import MlflowTracking, check_setting
 class TorchEstimator(TorchEstimatorBase):
     """Fits a PyTorch model on a DataFrame with N ranks of one Spark barrier stage.
 
-    >>> est = TorchEstimator(model=net, optimizer=lambda p: torch.optim.Adam(p, lr=1e-3),
-    ...                      loss=torch.nn.CrossEntropyLoss(), featuresCol="features",
-    ...                      labelCol="label", batchSize=64, epochs=10, numWorkers=2,
-    ...                      validation=0.2, store="file:///tmp/ddl")
-    >>> model = est.fit(train_df)          # a TorchModel
-    >>> model.transform(test_df)           # adds prediction (and probability) columns
+    Every argument is a keyword and sets the Param of that name; ``model``, ``optimizer`` and
+    ``loss`` are required. Every Param is documented in ``explainParams()``; the training
+    options are the fields of ``sparkddl.config.TrainConfig``, under their Param names.
 
-    Every Param is documented in ``explainParams()``; the training options are the fields of
-    :class:`sparkddl.config.TrainConfig`, under their Param names.
+    Examples:
+        ```python
+        est = TorchEstimator(model=net, optimizer=lambda p: torch.optim.Adam(p, lr=1e-3),
+                             loss=torch.nn.CrossEntropyLoss(), featuresCol="features",
+                             labelCol="label", batchSize=64, epochs=10, numWorkers=2,
+                             validation=0.2, store="file:///tmp/ddl")
+        model = est.fit(train_df)          # a TorchModel
+        model.transform(test_df)           # adds prediction (and probability) columns
+        ```
     """
 
     def train_config(self) -> TrainConfig:
-        """The Params as the typed config everything below works with."""
+        """The training Params as the typed, validated ``TrainConfig`` a fit uses (a bad
+        value raises ConfigError here, before any Spark job)."""
         return param_schema.train_config({p.name: self.getOrDefault(p.name)
                                     for p in param_schema.config_params()})
 
     def _fit(self, dataset: Any) -> TorchModel:
-        for name in ("model", "optimizer", "loss"):
+        for name in (p.name for p in param_schema.OBJECT_PARAMS if p.required):
             if not self.isDefined(name) or self.getOrDefault(name) is None:
                 raise ConfigError(f"TorchEstimator needs {name}=...; see help(TorchEstimator)")
         callbacks = Callbacks(self.getOrDefault(self.callbacks))

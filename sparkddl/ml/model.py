@@ -23,17 +23,25 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
     """A fitted PyTorch model. ``transform`` adds ``predictionCol`` (and, for classifiers,
     ``probabilityCol`` and ``rawPredictionCol`` as Vectors), computed on the executors.
 
-    Attributes: ``history`` (one dict per epoch), ``run_id``, ``chosen_epoch`` (the epoch
-    whose weights these are), ``best_by``, ``task`` (multiclass, binary or regression),
-    ``epochs_done``, ``stopped_early``, ``steps_per_rank``, ``fit_time_s``, ``restarts`` (one
-    dict per failed attempt: reason, checkpoint resumed from, steps redone, recovery_s),
-    ``input_specs`` (the model's inputs per row), ``export_error`` (why the model could not
-    be saved as a torch.export program, or ""), ``mlflow_model_uri`` (where the fit logged
-    the model to MLflow, or None).
-
     Saving also stores the model as a ``torch.export`` program (batch dimension dynamic), so
     ``TorchModel.load`` and ``PipelineModel.load`` need neither the model's code nor trusted
     loading, and ``transform`` runs that program on the executors.
+
+    Attributes:
+        history (list[dict]): one dict per epoch (the history columns).
+        run_id (str): the fit's run id (``runId=`` resumes it).
+        chosen_epoch (int): the epoch whose weights these are.
+        best_by (str): the metric that chose them.
+        task (str): multiclass, binary or regression.
+        epochs_done (int): epochs trained.
+        stopped_early (bool): whether early stopping or a callback ended the fit.
+        steps_per_rank (list[int]): optimizer steps each rank took.
+        fit_time_s (float): the fit's wall-clock seconds.
+        restarts (list[dict]): one dict per failed attempt: reason, checkpoint resumed from,
+            steps redone, recovery_s.
+        input_specs (tuple): the model's inputs per row.
+        export_error (str): why the model could not be saved as a torch.export program, or "".
+        mlflow_model_uri (str | None): where the fit logged the model to MLflow, or None.
     """
 
     def __init__(self) -> None:
@@ -195,18 +203,27 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
              transformFn: Any = None) -> "TorchModel":  # noqa: N803 - the Param's name
         """Load a saved model. Weights are read with ``torch.load(weights_only=True)``.
 
-        ``model``: a module to load the weights into (no code is unpickled). Without it, the
-        model's torch.export program is used where it was saved with one (``module()`` is
-        then that program, a torch.fx GraphModule); otherwise a model saved from a built-in or
-        importable factory is rebuilt by import, and one defined in a notebook or script needs
-        ``trusted=True`` (or ``with trusted_loading():``), since unpickling its architecture
-        runs code. A model fitted with a transformFn needs it back: ``transformFn=fn``, or
-        trusted loading when it is not one of sparkddl's own.
+        Without ``model``, the model's torch.export program is used where it was saved with
+        one (``module()`` is then that program, a torch.fx GraphModule); otherwise a model
+        saved from a built-in or importable factory is rebuilt by import, and one defined in a
+        notebook or script needs ``trusted=True`` (or ``with trusted_loading():``), since
+        unpickling its architecture runs code.
 
         The torch.export program is checked against what sparkddl's export writes before
         torch reads it (torch would compile guard code and evaluate expressions a tampered
-        file holds); anything else raises UntrustedArtifactError naming the file and the
-        field. ``trusted=True`` skips that check too: torch then reads the program as it is.
+        file holds).
+
+        Args:
+            path: the folder ``model.save(path)`` wrote.
+            model: a module to load the weights into (no code is unpickled).
+            trusted: allow unpickling the architecture and skip the program check (torch
+                then reads the program as it is). Only for files you trust.
+            transformFn: the fit's transformFn, needed back for a model fitted with one
+                (or trusted loading, when it is not one of sparkddl's own).
+
+        Raises:
+            UntrustedArtifactError: a file holds what sparkddl's export never writes; it
+                names the file and the field.
         """
         reader = ModelReader(cls, model=model, transform=transformFn)
         if trusted:

@@ -50,6 +50,7 @@ class ParamSpec:
     convert: str | None  # a pyspark TypeConverters function, or a converter of this module
     model: bool  # on TorchModel too (else the estimator only)
     field: str | None = None  # the TrainConfig field it sets
+    required: bool = False  # a fit refuses to start without it (a ConfigError)
 
 
 # Params that are not training options
@@ -66,11 +67,12 @@ MODEL_PARAMS = (
 )
 OBJECT_PARAMS = (
     ParamSpec("model", None, "torch.nn.Module, zero-argument factory returning one, or a name "
-              "(mlp, cnn, package.module:factory)", None, False),
+              "(mlp, cnn, package.module:factory)", None, False, required=True),
     ParamSpec("optimizer", None, "factory taking the model's parameters, a torch optimizer "
-              "instance (rebuilt on the workers with all its settings) or a name", None, False),
+              "instance (rebuilt on the workers with all its settings) or a name", None, False,
+              required=True),
     ParamSpec("loss", None, "loss module, callable (output, label) -> scalar, or a name "
-              "(cross_entropy, mse, bce_with_logits, ...)", None, False),
+              "(cross_entropy, mse, bce_with_logits, ...)", None, False, required=True),
     ParamSpec("callbacks", None, "objects with any of on_fit_start(estimator), "
               "on_epoch_end(row) -> bool (True stops training), on_snapshot(epoch, state_dict), "
               "on_fit_end(model), on_restart(restart); they run on the driver, and a "

@@ -59,8 +59,8 @@ class Store:
     """A root location on a filesystem pyarrow can reach.
 
     ``root`` is the canonical URI (``file:///abs``, ``hdfs://nn:8020/p``, ``s3://bucket/p``,
-    ``dbfs:/p``). Python readers use :meth:`url` (``dbfs:/`` becomes ``file:///dbfs/...``, the
-    FUSE mount Databricks provides); Spark writers use :meth:`spark_url` (``s3a://`` for S3).
+    ``dbfs:/p``). Python readers use ``url()`` (``dbfs:/`` becomes ``file:///dbfs/...``, the
+    FUSE mount Databricks provides); Spark writers use ``spark_url()`` (``s3a://`` for S3).
     """
 
     root: str

@@ -20,6 +20,14 @@ def init_process_group(backend: str | None = None, timeout_s: float | None = Non
     ``backend`` defaults to NCCL when the run asked for GPUs (as ``cpu:gloo,cuda:nccl``, so
     CPU tensors can be exchanged too) and gloo otherwise. On GPU the rank's CUDA device is
     selected first. Does nothing if a group already exists.
+
+    Args:
+        backend: ``gloo``, ``nccl`` or ``cpu:gloo,cuda:nccl``; None for the default above.
+        timeout_s: the collective timeout (default: the run's ``timeout``, else 1800 s).
+
+    Raises:
+        ConfigError: an unknown backend.
+        ClusterError: NCCL without a GPU that torch sees.
     """
     import torch
     import torch.distributed as dist
