@@ -14,7 +14,7 @@ def decode_images(batch: dict[str, Any]) -> dict[str, Any]:
     ``[B, C, H, W]`` in [0, 1] (grayscale: C = 1; colour and palette: C = 3, alpha dropped;
     16-bit grey keeps its high byte). Other
     columns pass through. A batch of 8-bit PNGs of one size is decoded by
-    :func:`decode_png_batch` (zlib per image, the row filters undone with numpy across the
+    ``decode_png_batch`` (zlib per image, the row filters undone with numpy across the
     whole batch); anything else by Pillow, one image at a time."""
     out = {}
     for name, values in batch.items():

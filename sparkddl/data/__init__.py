@@ -26,7 +26,7 @@ def prepare(data: Any, spec: DataSpec, *, num_workers: int, batch_size: int,
 
     ``data`` is a Spark DataFrame or the URL of an existing Parquet dataset (read in place).
     A DataFrame that is a plain scan of a Parquet table is read in place too
-    (:mod:`sparkddl.data.inplace` says when); any other is materialized to Parquet in
+    (``sparkddl.data.inplace`` says when); any other is materialized to Parquet in
     ``store``, and reused while the data is unchanged. ``validation`` is a fraction (with
     ``seed``) or a boolean/0-1 column for DataFrames, and a Parquet URL for URL inputs.
     """

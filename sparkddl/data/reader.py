@@ -56,12 +56,14 @@ def epoch_batches(plan: ShardPlan, rank: int, epoch: int, drop_last: bool = True
     once; batches of ``plan.batch_size`` rows but the rank's last, which may be smaller. The
     ranks' shards differ by at most one row, so their batch counts by at most one: a
     collective per batch (an allreduce of each batch's loss) would wait forever on a rank
-    that has run out. Sum locally and reduce once after the loop::
+    that has run out. Sum locally and reduce once after the loop:
 
-        sums = torch.zeros(2)  # [rows, sum of losses]
-        for batch in epoch_batches(plan, rank, 0, drop_last=False):
-            sums += torch.tensor([len(batch["label"]), loss_sum(batch)])
-        dist.all_reduce(sums)  # every rank, once
+    ```python
+    sums = torch.zeros(2)  # [rows, sum of losses]
+    for batch in epoch_batches(plan, rank, 0, drop_last=False):
+        sums += torch.tensor([len(batch["label"]), loss_sum(batch)])
+    dist.all_reduce(sums)  # every rank, once
+    ```
 
     One pass over the shard per epoch: every row is read at most once per epoch, and the
     order depends only on the seed, the epoch and the rank, so a resumed run reads the same

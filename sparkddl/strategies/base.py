@@ -30,7 +30,7 @@ class Strategy:
     ``step(optimizer)``, ``end_epoch()`` after each epoch, ``snapshot_state`` for a snapshot
     taken during training, and ``finalize`` before the final weights are taken. ``Options``
     declares every option as a typed field of a frozen dataclass, with its default and
-    description (:func:`option`); ``OPTIONS`` (name -> default) is derived from it (a
+    description (``option``); ``OPTIONS`` (name -> default) is derived from it (a
     strategy may also set ``OPTIONS`` alone). ``self.options`` holds the values by name,
     ``self.settings`` the same as an ``Options``. ``state_dict`` holds tensors and plain
     values only (loadable with ``torch.load(weights_only=True)``); restore it with
