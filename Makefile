@@ -27,7 +27,7 @@ OLDEST_TESTS ?= tests/unit tests/integration/test_run.py tests/integration/test_
 	tests/integration/test_strategies_spark.py
 
 .PHONY: venv run test test-pinned test-current pytest-current test-oldest pytest-oldest \
-	test-fast bench bench-peers bench-env plan clean docs docs-build docs-venv
+	test-fast bench bench-peers bench-env plan clean docs docs-build docs-venv docs-serve wheel
 
 venv:
 	@SPARKDDL_VENV=$(VENV) SPARKDDL_CONSTRAINTS=$(CONSTRAINTS) scripts/venv.sh
@@ -49,6 +49,17 @@ docs-build: docs-venv
 
 docs: docs-build
 	scripts/docs-check.sh
+
+# the site at http://127.0.0.1:8000, rebuilt on every save
+docs-serve: docs-venv
+	NO_MKDOCS_2_WARNING=1 .venv-docs/bin/mkdocs serve
+
+# dist/sparkddl-<version>-py3-none-any.whl, the file to install on the driver and on every
+# executor (docs/install.md); built offline with the venv's setuptools, from a clean build/
+wheel: venv
+	rm -rf build dist/sparkddl-*.whl
+	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w dist .
+	@ls dist/sparkddl-*.whl
 
 test-pinned: venv
 	$(PY) -m pytest $(PYTEST_ARGS)
@@ -95,4 +106,4 @@ plan: venv
 	$(VENV)/bin/sparkddl plan conf/digits.toml
 
 clean:
-	rm -rf .venv .venv-current .venv-oldest .venv-bench .venv-docs .pytest_cache runs site
+	rm -rf .venv .venv-current .venv-oldest .venv-bench .venv-docs .pytest_cache runs site build dist

@@ -2,8 +2,8 @@
 version, named by its log, never every Parquet file in the folder (which holds the files
 of every version until they are vacuumed).
 
-The log is read with the ``deltalake`` package (``pip install 'sparkddl[delta]'``; no Spark
-jar), and replayed here for what deltalake does not give: each file's deletion vector
+The log is read with the ``deltalake`` package (the ``delta`` extra; no Spark jar), and
+replayed here for what deltalake does not give: each file's deletion vector
 (:mod:`sparkddl.data.deletes`), which the rank reading that file applies as a row mask.
 Whether a table is read in place is decided by the reader features its protocol lists,
 against an allow-list (:data:`READER_FEATURES`), never by a table property: a table with
@@ -55,7 +55,7 @@ def delta_listing(url: str) -> Listing | None:
     except ImportError:
         raise DataError(f"{url} is a Delta Lake table (it has {DELTA_LOG}/): its folder holds "
                         "the files of every version, so it is not read as plain Parquet. "
-                        "Install the deltalake package (pip install 'sparkddl[delta]') to read "
+                        "Install the deltalake package (pip install deltalake) to read "
                         "its current version in place, or pass "
                         "spark.read.format('delta').load(url) from a session with Delta "
                         "Lake") from None
@@ -166,7 +166,7 @@ def scan_listing(url: str, version: int | None) -> tuple[Listing | None, str]:
         from deltalake import DeltaTable
     except ImportError:
         return None, ("it scans a Delta table, which is read in place only where the deltalake "
-                      "package (pip install 'sparkddl[delta]') can read its log")
+                      "package (pip install deltalake) can read its log")
     store = Store.from_uri(url)
     try:
         table = open_table(DeltaTable, store)

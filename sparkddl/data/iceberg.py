@@ -1,7 +1,7 @@
 """Apache Iceberg tables read in place: the data files of the table's current snapshot, as
-its manifests name them (``pip install 'sparkddl[iceberg]'``: pyiceberg plans the scan; no
-Spark jar), never every Parquet file under its location (which holds the files of every
-snapshot until they are expired).
+its manifests name them (pyiceberg, the ``iceberg`` extra, plans the scan; no Spark jar),
+never every Parquet file under its location (which holds the files of every snapshot until
+they are expired).
 
 What is read in place and what is refused, file by file:
 
@@ -226,7 +226,7 @@ def _table(table_or_identifier: Any, catalog: Any) -> Any:
         from pyiceberg.catalog import load_catalog
     except ImportError:
         raise DataError("reading an Iceberg table needs the pyiceberg package (pip install "
-                        "'sparkddl[iceberg]')") from None
+                        "pyiceberg)") from None
     if catalog is None or isinstance(catalog, str):
         catalog = load_catalog(catalog)
     return catalog.load_table(table_or_identifier)

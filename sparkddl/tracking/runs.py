@@ -32,7 +32,7 @@ def check_setting(value: Any) -> None:
             import mlflow  # noqa: F401
         except ImportError as exc:
             raise ConfigError("mlflow=True but mlflow is not installed; pip install "
-                              "'sparkddl[mlflow]' (or mlflow-skinny), or set mlflow=False"
+                              "mlflow-skinny (sparkddl's mlflow extra), or set mlflow=False"
                               ) from exc
 
 

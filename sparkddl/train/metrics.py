@@ -118,7 +118,7 @@ def exact_metric(name: str, kind: str, num_classes: int) -> ExactMetric:
         import torchmetrics  # noqa: F401
     except ImportError as exc:
         raise ConfigError(f"metric {name!r} is computed with torchmetrics, which is not "
-                          "installed; pip install 'sparkddl[metrics]' (or torchmetrics)") from exc
+                          "installed; pip install torchmetrics (sparkddl's metrics extra)") from exc
     return ExactMetric(name, cls, kind, num_classes,
                        (average or "macro") if averaged and kind == "multiclass" else None)
 
