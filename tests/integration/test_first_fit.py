@@ -53,7 +53,8 @@ def test_an_executor_python_without_sparkddl_is_named_before_any_job(tmp_path):
     assert "cannot import sparkddl" in last and "PYSPARK_PYTHON" in last, last
     assert "python3 (Spark's default" in last and sys.executable in last, last
     # the probe caught the import itself: no task failed, no Java traceback to read
-    assert "Py4JJavaError" not in out and "ModuleNotFoundError: No module named" not in out
+    assert "Py4JJavaError" not in out and "PythonException" not in out, out
+    assert out.count("Traceback (most recent call last)") == 1, out
     assert not (tmp_path / "store").exists()  # nothing was prepared or written
 
 
