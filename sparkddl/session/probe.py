@@ -59,12 +59,17 @@ def _probe_function(name: str) -> Any:
 
 
 def executor_python_conf(ctx: Any) -> str:
-    """What the session says the executors run (empty: Spark's default, python3)."""
+    """What the session says the executors run. A Connect client's own environment says
+    nothing about the server's executors: only the server's conf counts there."""
     import os
-    conf = ctx.getConf()
-    return (conf.get("spark.pyspark.python", None) or os.environ.get("PYSPARK_PYTHON")
-            or "python3 (Spark's default: neither PYSPARK_PYTHON nor spark.pyspark.python "
-               "is set)")
+    named = ctx.getConf().get("spark.pyspark.python", None)
+    if named:
+        return str(named)
+    if getattr(ctx, "is_connect", False):
+        return ("the Python the Connect server starts for its executors (the server's "
+                "PYSPARK_PYTHON or spark.pyspark.python)")
+    return os.environ.get("PYSPARK_PYTHON") or (
+        "python3 (Spark's default: neither PYSPARK_PYTHON nor spark.pyspark.python is set)")
 
 
 def _session_key(ctx: Any) -> str:
@@ -91,11 +96,8 @@ def check_executor_python(ctx: Any) -> None:
     except ClusterError:
         raise
     except Exception as exc:  # noqa: BLE001 - the executors could not even run the probe
-        text = str(exc)
-        module = missing_module(text)
-        what = f"cannot import {module!r}" if module else _first_line(text)
-        raise ClusterError(f"the executors' Python failed a one-task check before "
-                           f"training: {what}; {fix}") from None
+        raise ClusterError(f"the executors' Python {_failure(str(exc))} (one task run "
+                           f"before training found it); {fix}") from None
     problems = _compare(found)
     if problems:
         raise ClusterError(f"the executors' Python ({found.get('python')}, Python "
@@ -128,7 +130,12 @@ def _run_probe(ctx: Any) -> str:
     return str(text)
 
 
-def _first_line(text: str) -> str:
+def _failure(text: str) -> str:
+    """What a failed probe task says, in a few words: the module it could not import, or
+    the last error line of its traceback."""
+    module = missing_module(text)
+    if module:
+        return f"cannot import {module!r}"
     lines = [line.strip() for line in text.splitlines() if line.strip()]
     errors = [line for line in lines if "Error" in line or "Exception" in line]
-    return (errors[-1] if errors else lines[0] if lines else "unknown error")[:500]
+    return "failed: " + (errors[-1] if errors else lines[0] if lines else "unknown error")[:500]

@@ -57,15 +57,3 @@ def test_an_executor_python_without_sparkddl_is_named_before_any_job(tmp_path):
     assert out.count("Traceback (most recent call last)") == 1, out
     assert not (tmp_path / "store").exists()  # nothing was prepared or written
 
-
-def test_the_check_compares_versions_with_the_driver():
-    import torch
-
-    import sparkddl
-    from sparkddl.session.probe import _compare
-    same = {"python": "/x/python", "sparkddl": sparkddl.__version__, "torch": torch.__version__}
-    assert _compare(same) == []
-    older = {**same, "torch": "2.4.1"}
-    assert _compare(older) == [f"has torch 2.4.1 where the driver has {torch.__version__}"]
-    missing = {**same, "sparkddl": None, "sparkddl_error": "ModuleNotFoundError: no"}
-    assert _compare(missing) == ["cannot import sparkddl (ModuleNotFoundError: no)"]
