@@ -14,6 +14,7 @@ from typing import Any, Mapping
 from sparkddl.errors import ClusterError, ConfigError
 from sparkddl.session import ClassicContext, cluster_context
 from sparkddl.session.masters import local_cluster
+from sparkddl.session.probe import check_executor_python
 
 log = logging.getLogger(__name__)
 
@@ -250,8 +251,10 @@ def stage_profile(sc: Any, use_gpu: bool) -> Any:
 
 
 def check_cluster(sc: Any, num_workers: int, use_gpu: bool) -> None:
-    """Every check that needs the cluster; says in one line how the ranks get GPUs."""
+    """Every check that needs the cluster; says in one line how the ranks get GPUs. The
+    executors' Python is checked first, by one small task (once per session)."""
     sc = cluster_context(sc)
+    check_executor_python(sc)
     check_dynamic_allocation(dict(sc.getConf().getAll()), sc.master)
     if sc.task_slots() is None:  # what the session's conf and master's name tell
         check_gpu_conf(dict(sc.getConf().getAll()), use_gpu)

@@ -8,6 +8,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+from tests.docs_examples import reader_environment
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -22,11 +24,14 @@ def _text(outputs) -> str:
 
 
 @pytest.mark.timeout(420)
-def test_quickstart_notebook_runs(tmp_path, monkeypatch):
-    monkeypatch.setenv("SPARKDDL_NOTEBOOK_STORE", str(tmp_path / "store"))
+def test_quickstart_notebook_runs(tmp_path):
+    """In a fresh kernel whose environment is a reader's, without even PYSPARK_PYTHON: the
+    notebook points the executors at its own Python."""
+    env = {**reader_environment(executors_python=False),
+           "SPARKDDL_NOTEBOOK_STORE": str(tmp_path / "store")}
     nb = nbformat.read(ROOT / "notebooks" / "quickstart.ipynb", as_version=4)
     NotebookClient(nb, timeout=300, kernel_name="python3",
-                   resources={"metadata": {"path": str(tmp_path)}}).execute()
+                   resources={"metadata": {"path": str(tmp_path)}}).execute(env=env)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert not any(o.get("output_type") == "error" for c in code for o in c.outputs)
     text = "\n".join(_text(c.outputs) for c in code)
@@ -37,4 +42,5 @@ def test_quickstart_notebook_runs(tmp_path, monkeypatch):
     table = next(c for c in code if "history.round(4)" in c.source)
     assert "text/html" in table.outputs[0]["data"] and "val_accuracy" in _text(table.outputs)
     assert any("image/png" in o.get("data", {}) for c in code for o in c.outputs)
-    assert os.path.isdir(tmp_path / "store" / "data")  # the estimator materialized its data
+    assert os.path.isdir(tmp_path / "store" / "data")  # the data went through the store
+    assert "spark.stop()" in code[-1].source and "on_databricks" in code[-1].source
