@@ -109,10 +109,9 @@ def check_executor_python(ctx: Any) -> None:
 
 def _compare(found: dict[str, Any]) -> list[str]:
     import torch
-
-    import sparkddl
+    mine_sparkddl = sys.modules["sparkddl"].__version__  # this package, imported already
     problems = []
-    for name, mine in (("sparkddl", sparkddl.__version__), ("torch", torch.__version__)):
+    for name, mine in (("sparkddl", mine_sparkddl), ("torch", torch.__version__)):
         theirs = found.get(name)
         if theirs is None:
             problems.append(f"cannot import {name} ({found.get(name + '_error', '')})")
