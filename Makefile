@@ -56,7 +56,8 @@ docs-venv:
 	@scripts/docs-venv.sh
 
 docs-build: docs-venv
-	NO_MKDOCS_2_WARNING=1 .venv-docs/bin/mkdocs build --strict --quiet
+	@# not --quiet: with mkdocs 1.6 it lets --strict pass a build that has warnings
+	NO_MKDOCS_2_WARNING=1 .venv-docs/bin/mkdocs build --strict
 
 docs: docs-build
 	scripts/docs-check.sh

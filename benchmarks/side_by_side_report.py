@@ -124,7 +124,7 @@ def _plot(rows: list[dict[str, Any]], breakdown: dict[str, list[dict[str, Any]]]
                    f"{r['e2e_vs_peer_on_disk']:.2f} x peer on the table's files",
                    va="center", fontsize=8)
         a.set_xlabel("end-to-end wall time from the DataFrame (s)")
-        a.set_title("End to end (goal: sparkddl <= 0.5 x TorchDistributor + Petastorm)")
+        a.set_title("End to end, against TorchDistributor + Petastorm on the table's files")
         a.set_xlim(0, max(e2e) * 1.7)
         a.legend(loc="lower right", fontsize=8)
         per = [r["samples_per_s_per_worker"] / 1e3 for r in rows][::-1]
@@ -136,7 +136,7 @@ def _plot(rows: list[dict[str, Any]], breakdown: dict[str, list[dict[str, Any]]]
                    va="center", fontsize=8)
         b.set_xlim(0, max(per) * 1.3)
         b.set_xlabel("training-loop samples/s per worker (thousands)")
-        b.set_title("Throughput per worker (goal: >= 1.0 x plain DDP without Spark)")
+        b.set_title("Training-loop throughput per worker, against plain DDP without Spark")
         b.legend(loc="lower right", fontsize=8)
         _plot_kinds(c, breakdown)
         fig.tight_layout()

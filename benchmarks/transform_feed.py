@@ -109,7 +109,7 @@ def main() -> None:
         fig, (a, b) = plt.subplots(1, 2, figsize=(10, 4))
         names = [r["run"] for r in results]
         a.bar(names, [100 * r["wait_share"] for r in results])
-        a.axhline(100 * GOAL, color="red", linestyle="--", label="10 % goal")
+        a.axhline(100 * GOAL, color="red", linestyle="--", label="10 % of the epoch")
         a.set_ylabel("% of epoch time waiting for data (rank 0)")
         a.legend()
         b.bar(names, [r["samples_per_s"] for r in results])

@@ -1,7 +1,11 @@
 """The Python examples of the README and the documentation, as written: every fenced block
 whose info string starts with ``python``, in page order. A page's blocks share one namespace
-(a reader pastes them one after another). ``python gpu`` marks a block that needs a CUDA
-GPU: it and the rest of its page run only where torch sees one."""
+(a reader pastes them one after another). Tags follow the language as classes, the form
+MkDocs renders (``python {.gpu}``; a bare ``python gpu`` reaches the reader as raw text).
+``gpu`` marks a block that needs a CUDA GPU: it and the rest of its page run only where torch
+sees one. ``petastorm`` marks a block that needs Petastorm (a "before" of a migration
+guide): where Petastorm cannot be imported that block alone is left out, the page's other
+blocks run, and the test then skips, saying so."""
 from __future__ import annotations
 
 import os
@@ -18,9 +22,10 @@ def pages() -> list[Path]:
 
 
 def blocks(page: Path) -> list[tuple[str, str, int]]:
-    """(info string, code, line) of every Python block of ``page``."""
+    """(language and tags, code, line) of every Python block of ``page``."""
     text = page.read_text(encoding="utf-8")
-    return [(m.group(1).split(), m.group(2), text.count("\n", 0, m.start()) + 2)
+    return [([word.strip("{}.") for word in m.group(1).split()], m.group(2),
+             text.count("\n", 0, m.start()) + 2)
             for m in FENCE.finditer(text)]
 
 
