@@ -13,6 +13,8 @@ from pathlib import Path
 
 import pytest
 
+ROOT = Path(__file__).resolve().parents[2]
+
 pytestmark = pytest.mark.timeout(240)
 
 FIRST_FIT = textwrap.dedent("""
@@ -38,9 +40,12 @@ def test_an_executor_python_without_sparkddl_is_named_before_any_job(tmp_path):
     bare = tmp_path / "bare"
     venv.create(bare, with_pip=False)  # a Python 3.11 with nothing installed
     assert subprocess.run([str(bare / "bin" / "python3"), "-c", "import sparkddl"],
-                          capture_output=True, env={"PATH": "/usr/bin:/bin"}).returncode != 0
+                          capture_output=True, env={"PATH": "/usr/bin:/bin"},
+                          cwd=tmp_path).returncode != 0
     script = tmp_path / "first_fit.py"
-    script.write_text(f"STORE = {str(tmp_path / 'store')!r}\n" + FIRST_FIT)
+    # the driver imports this checkout's sparkddl (as if installed); the executors get no path
+    script.write_text(f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
+                      f"STORE = {str(tmp_path / 'store')!r}\n" + FIRST_FIT)
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYTHONPATH")}
     env["PATH"] = f"{bare / 'bin'}:{env.get('PATH', '')}"  # what `python3` means there
