@@ -15,13 +15,14 @@ PYTEST_ARGS ?=
 # run only the tests whose code paths depend on those (a path already proven on the pinned
 # stack is not run again on the same code).
 # current: pyspark 4.3, pyarrow 26, numpy 2, pandas 2.3, no Petastorm (the Arrow reader); the
-# same torch and MLflow as pinned, so no strategy, export, channel or Horovod-API tests
+# same torch and MLflow as pinned, so no strategy, export, channel, Horovod-API or tracking
+# tests. The estimator's and TorchDistributor's paths run here through the docs' examples
+# (fit, transform, save and load; pyspark's and sparkddl's TorchDistributor) and the notebook
 CURRENT_TESTS ?= tests/unit/data tests/unit/ml tests/unit/session tests/unit/launch \
-	tests/unit/store tests/unit/cli tests/unit/tracking tests/unit/checkpoint tests/unit/train \
+	tests/unit/store tests/unit/cli tests/unit/checkpoint tests/unit/train \
 	tests/unit/test_stack.py tests/unit/test_imports.py \
 	tests/integration/test_run.py tests/integration/test_data.py \
-	tests/integration/test_estimator.py tests/integration/test_stack.py \
-	tests/integration/test_inplace.py tests/integration/test_distributor.py \
+	tests/integration/test_stack.py tests/integration/test_inplace.py \
 	tests/integration/test_connect.py tests/integration/test_raw_columns.py \
 	tests/integration/test_lakehouse.py tests/integration/test_docs_examples.py \
 	tests/integration/test_notebook.py tests/integration/test_first_fit.py
