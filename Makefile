@@ -16,24 +16,27 @@ PYTEST_ARGS ?=
 # stack is not run again on the same code).
 # current: pyspark 4.3, pyarrow 26, numpy 2, pandas 2.3, no Petastorm (the Arrow reader); the
 # same torch and MLflow as pinned, so no strategy, export, channel, Horovod-API or tracking
-# tests. The estimator's and TorchDistributor's paths run here through the docs' examples
-# (fit, transform, save and load; pyspark's and sparkddl's TorchDistributor) and the notebook
+# tests. The estimator's and TorchDistributor's paths run here through the first hour's docs
+# examples (fit, transform; pyspark's and sparkddl's TorchDistributor) and the notebook
 CURRENT_TESTS ?= tests/unit/data tests/unit/ml tests/unit/session tests/unit/launch \
 	tests/unit/store tests/unit/cli tests/unit/checkpoint tests/unit/train \
 	tests/unit/test_stack.py tests/unit/test_imports.py \
 	tests/integration/test_run.py tests/integration/test_data.py \
 	tests/integration/test_stack.py tests/integration/test_inplace.py \
 	tests/integration/test_connect.py tests/integration/test_raw_columns.py \
-	tests/integration/test_lakehouse.py tests/integration/test_docs_examples.py \
-	tests/integration/test_notebook.py tests/integration/test_first_fit.py
+	tests/integration/test_lakehouse.py tests/integration/test_notebook.py \
+	tests/integration/test_first_fit.py $(CURRENT_DOCS)
+# the docs' examples of a newcomer's first hour (every page runs on the pinned stack)
+CURRENT_DOCS ?= $(foreach page,README.md docs/getting-started.md \
+	docs/migrate/torchdistributor.md docs/migrate/petastorm.md,\
+	"tests/integration/test_docs_examples.py::test_the_examples_run_as_written[$(page)]")
 # oldest: the current stack with torch 2.4.1, so the tests of what touches torch's APIs: the
 # strategies, the training step, the ranks' process groups, export, Horovod's API, tracking's
-# logged models, and the runner, the estimator and every strategy through Spark
+# logged models, and the runner and every strategy through Spark (each a TorchEstimator fit)
 OLDEST_TESTS ?= tests/unit/strategies tests/unit/train tests/unit/task tests/unit/horovod \
 	tests/unit/export tests/unit/checkpoint tests/unit/channel tests/unit/ml \
 	tests/unit/tracking tests/unit/test_stack.py \
-	tests/integration/test_run.py tests/integration/test_estimator.py \
-	tests/integration/test_strategies_spark.py
+	tests/integration/test_run.py tests/integration/test_strategies_spark.py
 
 .PHONY: venv run test test-all test-pinned test-current pytest-current test-oldest pytest-oldest \
 	test-fast bench bench-peers bench-env plan clean docs docs-build docs-venv docs-serve wheel
