@@ -31,11 +31,11 @@ CURRENT_DOCS ?= $(foreach page,README.md docs/getting-started.md \
 	docs/migrate/torchdistributor.md docs/migrate/petastorm.md,\
 	"tests/integration/test_docs_examples.py::test_the_examples_run_as_written[$(page)]")
 # oldest: the current stack with torch 2.4.1, so the tests of what touches torch's APIs: the
-# strategies, the training step, the ranks' process groups, export, Horovod's API, tracking's
-# logged models, and the runner and every strategy through Spark (each a TorchEstimator fit)
+# strategies, the training step, the ranks' process groups, torch.export, Horovod's API, and
+# the runner and every strategy through Spark (each a TorchEstimator fit)
 OLDEST_TESTS ?= tests/unit/strategies tests/unit/train tests/unit/task tests/unit/horovod \
 	tests/unit/export tests/unit/checkpoint tests/unit/channel tests/unit/ml \
-	tests/unit/tracking tests/unit/test_stack.py \
+	tests/unit/test_stack.py \
 	tests/integration/test_run.py tests/integration/test_strategies_spark.py
 
 .PHONY: venv run test test-all test-pinned test-current pytest-current test-oldest pytest-oldest \
