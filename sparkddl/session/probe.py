@@ -93,8 +93,6 @@ def check_executor_python(ctx: Any) -> None:
            f"on Databricks), or set {SKIP_KEY}=false to skip this check")
     try:
         found = json.loads(_run_probe(ctx))
-    except ClusterError:
-        raise
     except Exception as exc:  # noqa: BLE001 - the executors could not even run the probe
         raise ClusterError(f"the executors' Python {_failure(str(exc))} (one task run "
                            f"before training found it); {fix}") from None
