@@ -29,7 +29,8 @@ CURRENT_TESTS ?= tests/unit/data tests/unit/ml tests/unit/session tests/unit/lau
 # the docs' examples of a newcomer's first hour (every page runs on the pinned stack)
 CURRENT_DOCS ?= $(foreach page,README.md docs/getting-started.md \
 	docs/migrate/torchdistributor.md docs/migrate/petastorm.md,\
-	"tests/integration/test_docs_examples.py::test_the_examples_run_as_written[$(page)]")
+	"tests/integration/test_docs_examples.py::test_the_examples_run_as_written[$(page)]") \
+	tests/integration/test_docs_examples.py::test_the_process_that_ran_the_pages_ended_cleanly
 # oldest: the current stack with torch 2.4.1, so the tests of what touches torch's APIs: the
 # strategies, the training step, the ranks' process groups, torch.export, Horovod's API, and
 # the runner and every strategy through Spark (each a TorchEstimator fit)
@@ -38,7 +39,7 @@ OLDEST_TESTS ?= tests/unit/strategies tests/unit/train tests/unit/task tests/uni
 	tests/unit/test_stack.py \
 	tests/integration/test_run.py tests/integration/test_strategies_spark.py
 
-.PHONY: venv run test test-all test-pinned test-current pytest-current test-oldest pytest-oldest \
+.PHONY: venv venvs venv-current venv-oldest run test test-all test-pinned test-current pytest-current test-oldest pytest-oldest \
 	test-fast bench bench-peers bench-env plan clean docs docs-build docs-venv docs-serve wheel
 
 venv:
@@ -51,8 +52,19 @@ run: venv
 # stack (the README's, the docs' and the notebook's examples included)
 test: docs-build test-pinned
 
-# what CI runs (.ci/run): `make test`, then the current and the oldest stacks
-test-all: test test-current test-oldest
+# what CI runs (.ci/run): the four virtualenvs side by side, `make test`, then the current and
+# the oldest stacks
+test-all: venvs test test-current test-oldest
+
+# every virtualenv test-all needs, built at once: mostly downloads and unpacking, which overlap
+venvs:
+	@$(MAKE) --no-print-directory -j4 venv venv-current venv-oldest docs-venv
+
+venv-current:
+	@$(MAKE) --no-print-directory VENV=.venv-current CONSTRAINTS=constraints-current.txt venv
+
+venv-oldest:
+	@$(MAKE) --no-print-directory VENV=.venv-oldest CONSTRAINTS=constraints-oldest.txt venv
 
 # the documentation site (docs/, mkdocs.yml) in .venv-docs: built with --strict (a broken link
 # or reference fails), then checked in a headless Chromium (scripts/docs-check.sh)
