@@ -252,10 +252,12 @@ def stage_profile(sc: Any, use_gpu: bool) -> Any:
 
 def check_cluster(sc: Any, num_workers: int, use_gpu: bool) -> None:
     """Every check that needs the cluster; says in one line how the ranks get GPUs. The
-    executors' Python is checked first, by one small task (once per session)."""
+    session's conf is checked first (dynamic allocation refuses at once, with no Spark job
+    and no wait for an executor), then the executors' Python, by one small task (once per
+    session)."""
     sc = cluster_context(sc)
-    check_executor_python(sc)
     check_dynamic_allocation(dict(sc.getConf().getAll()), sc.master)
+    check_executor_python(sc)
     if sc.task_slots() is None:  # what the session's conf and master's name tell
         check_gpu_conf(dict(sc.getConf().getAll()), use_gpu)
         slots = sc.named_slots()

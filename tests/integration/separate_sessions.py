@@ -1,13 +1,17 @@
 """Checks that need a Spark session configured differently from the shared fixtures.
 
-Run as ``python -m tests.integration.separate_sessions gpu|gpu_profile|real_gpu|dynamic``; prints one JSON line.
-The tests in test_separate_sessions.py start it in a subprocess with a timeout.
+Run as ``python -m tests.integration.separate_sessions MODE [MODE...]`` (modes: gpu,
+gpu_profile, real_gpu, dynamic); prints one ``RESULT <mode> <json>`` line per mode. The modes
+run one after the other in the one process (one JVM), each in a Spark application of its own,
+stopped before the next starts. The tests in test_separate_sessions.py start it in a
+subprocess with a timeout.
 """
 from __future__ import annotations
 
 import json
 import os
 import sys
+import traceback
 from pathlib import Path
 
 import sparkddl
@@ -35,16 +39,42 @@ def plain_env(_):
     return os.environ.get("CUDA_VISIBLE_DEVICES")
 
 
-def gpu_main() -> dict:
+# every conf key a mode below sets: a session must have none of them that it did not set
+PROBE_KEYS = ("spark.worker.resource.gpu.amount", "spark.worker.resource.gpu.discoveryScript",
+              "spark.executor.resource.gpu.amount",
+              "spark.executor.resource.gpu.discoveryScript", "spark.task.resource.gpu.amount",
+              "spark.executorEnv.CUDA_VISIBLE_DEVICES", "spark.dynamicAllocation.enabled",
+              "spark.dynamicAllocation.shuffleTracking.enabled")
+
+
+def session(master: str, conf: dict):
+    """A new Spark application on ``master`` with exactly ``conf`` of PROBE_KEYS (an earlier
+    mode's application in this process must be stopped, and none of its conf may leak in:
+    pyspark passes the first application's conf to the JVM it launches, as defaults for
+    every later one, hence the bare JVM that main() starts first)."""
     from pyspark.sql import SparkSession
-    spark = (SparkSession.builder.master("local-cluster[2,1,1024]")
-             .config("spark.ui.enabled", "false")
-             .config("spark.worker.resource.gpu.amount", "2")
-             .config("spark.worker.resource.gpu.discoveryScript", str(SCRIPT))
-             .config("spark.executor.resource.gpu.amount", "1")
-             .config("spark.task.resource.gpu.amount", "1")
-             .config("spark.executorEnv.CUDA_VISIBLE_DEVICES", "5,7")
-             .getOrCreate())
+    if SparkSession.getActiveSession() is not None:
+        raise RuntimeError("an earlier mode's Spark application is still running")
+    builder = SparkSession.builder.master(master).config("spark.ui.enabled", "false")
+    for key, value in conf.items():
+        builder = builder.config(key, value)
+    spark = builder.getOrCreate()
+    have = dict(spark.sparkContext.getConf().getAll())
+    wrong = {k: have.get(k) for k in PROBE_KEYS if have.get(k) != conf.get(k)}
+    if wrong:
+        spark.stop()
+        raise RuntimeError(f"the {master} session does not have the conf it was built with: "
+                           f"{wrong}")
+    return spark
+
+
+def gpu_main() -> dict:
+    spark = session("local-cluster[2,1,1024]", {
+        "spark.worker.resource.gpu.amount": "2",
+        "spark.worker.resource.gpu.discoveryScript": str(SCRIPT),
+        "spark.executor.resource.gpu.amount": "1",
+        "spark.task.resource.gpu.amount": "1",
+        "spark.executorEnv.CUDA_VISIBLE_DEVICES": "5,7"})
     out = sparkddl.run(gpu_env, num_workers=2, use_gpu=True, spark=spark, timeout=120)
     out["after"] = spark.sparkContext.parallelize(range(2), 2).map(plain_env).collect()
     try:
@@ -84,14 +114,11 @@ def gpu_profile_main() -> dict:
     import logging
     import time
 
-    from pyspark.sql import SparkSession
-    spark = (SparkSession.builder.master("local-cluster[1,4,2048]")
-             .config("spark.ui.enabled", "false")
-             .config("spark.worker.resource.gpu.amount", "2")
-             .config("spark.worker.resource.gpu.discoveryScript", str(SCRIPT))
-             .config("spark.executor.resource.gpu.amount", "2")
-             .config("spark.executor.resource.gpu.discoveryScript", str(SCRIPT))
-             .getOrCreate())
+    spark = session("local-cluster[1,4,2048]", {
+        "spark.worker.resource.gpu.amount": "2",
+        "spark.worker.resource.gpu.discoveryScript": str(SCRIPT),
+        "spark.executor.resource.gpu.amount": "2",
+        "spark.executor.resource.gpu.discoveryScript": str(SCRIPT)})
     lines: list = []
     handler = logging.Handler()
     handler.emit = lambda record: lines.append(record.getMessage())  # type: ignore[method-assign]
@@ -167,22 +194,39 @@ def real_gpu_main() -> dict:
 
 
 def dynamic_main() -> dict:
-    from pyspark.sql import SparkSession
-    spark = (SparkSession.builder.master("local-cluster[1,1,1024]")
-             .config("spark.ui.enabled", "false")
-             .config("spark.dynamicAllocation.enabled", "true")
-             .config("spark.dynamicAllocation.shuffleTracking.enabled", "true")
-             .getOrCreate())
+    spark = session("local-cluster[1,1,1024]", {
+        "spark.dynamicAllocation.enabled": "true",
+        "spark.dynamicAllocation.shuffleTracking.enabled": "true"})
     try:
         sparkddl.run(plain_env, None, num_workers=1, spark=spark)
         return {"error": None}
     except sparkddl.ClusterError as exc:
-        return {"error": str(exc)}
+        # the Spark jobs run before the refusal (none: not even the executors' Python check)
+        return {"error": str(exc),
+                "jobs": len(spark.sparkContext.statusTracker().getJobIdsForGroup())}
     finally:
         spark.stop()
 
 
+MODES = {"gpu": gpu_main, "gpu_profile": gpu_profile_main, "real_gpu": real_gpu_main,
+         "dynamic": dynamic_main}
+
+
+def main(modes: list) -> None:
+    from pyspark import SparkContext
+    from pyspark.sql import SparkSession
+    SparkContext._ensure_initialized()  # the JVM, launched with no mode's conf
+    for mode in modes:
+        try:
+            result = MODES[mode]()
+        except Exception:  # noqa: BLE001 - that mode's test shows it; the next modes run
+            result = {"probe_error": traceback.format_exc()}
+        finally:
+            left = SparkSession.getActiveSession()
+            if left is not None:  # a mode that failed before its own stop()
+                left.stop()
+        print(f"RESULT {mode} " + json.dumps(result), flush=True)
+
+
 if __name__ == "__main__":
-    result = {"gpu": gpu_main, "gpu_profile": gpu_profile_main, "real_gpu": real_gpu_main,
-              "dynamic": dynamic_main}[sys.argv[1]]()
-    print("RESULT " + json.dumps(result), flush=True)
+    main(sys.argv[1:])

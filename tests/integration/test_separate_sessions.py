@@ -1,6 +1,8 @@
 """Cluster configurations the shared fixtures cannot have: fake GPUs, dynamic allocation.
 
-Each starts its own Spark application in a subprocess (one SparkContext per process).
+Each starts its own Spark application in a subprocess (one SparkContext at a time per
+process): the CPU ones one after the other in one subprocess (one Python, one JVM), each
+test reading its own application's result.
 """
 from __future__ import annotations
 
@@ -15,21 +17,47 @@ import pytest
 from tests.stacks import needs_gpu
 
 ROOT = Path(__file__).resolve().parents[2]
+# the modes the CPU tests read, run by one subprocess: ~25 s, ~25 s and ~5 s on 2 cores
+SHARED_MODES = ("gpu", "gpu_profile", "dynamic")
+SHARED_TIMEOUT_S = 420
+
+
+def run_probes(*modes: str, timeout: float = 240) -> dict:
+    """Each mode's result (its application's own, in one subprocess); a mode that raised
+    has its traceback under ``probe_error``."""
+    proc = subprocess.run([sys.executable, "-m", "tests.integration.separate_sessions", *modes],
+                          cwd=ROOT, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                              p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p)})
+    results = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RESULT "):
+            mode, _, text = line[len("RESULT "):].partition(" ")
+            results[mode] = json.loads(text)
+    results["_failed"] = f"(rc={proc.returncode}):\n{proc.stderr[-4000:]}"
+    return results
+
+
+def result(results: dict, mode: str) -> dict:
+    assert mode in results, f"probe {mode} printed no result {results['_failed']}"
+    out = results[mode]
+    assert "probe_error" not in out, f"probe {mode} failed:\n{out.get('probe_error')}"
+    return out
+
+
+@pytest.fixture(scope="module")
+def shared():
+    """The CPU modes' results, from one subprocess started by the first test that asks."""
+    return run_probes(*SHARED_MODES, timeout=SHARED_TIMEOUT_S)
 
 
 def run_probe(mode: str) -> dict:
-    proc = subprocess.run([sys.executable, "-m", "tests.integration.separate_sessions", mode],
-                          cwd=ROOT, capture_output=True, text=True, timeout=240,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(
-                              p for p in [str(ROOT), os.environ.get("PYTHONPATH", "")] if p)})
-    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")]
-    assert lines, f"probe {mode} printed no result (rc={proc.returncode}):\n{proc.stderr[-4000:]}"
-    return json.loads(lines[-1][len("RESULT "):])
+    return result(run_probes(mode), mode)
 
 
-@pytest.mark.timeout(300)
-def test_gpu_scheduling_path_with_fake_gpus():
-    out = run_probe("gpu")
+@pytest.mark.timeout(SHARED_TIMEOUT_S + 60)  # the first test pays for the shared subprocess
+def test_gpu_scheduling_path_with_fake_gpus(shared):
+    out = result(shared, "gpu")
     ranks = sorted(out["ranks"], key=lambda r: r["rank"])
     assert [r["rank"] for r in ranks] == [0, 1]
     visible = ["5", "7"]  # spark.executorEnv.CUDA_VISIBLE_DEVICES on the executors
@@ -43,13 +71,13 @@ def test_gpu_scheduling_path_with_fake_gpus():
     assert "NCCL backend needs CUDA" in out["nccl_error"]
 
 
-@pytest.mark.timeout(300)
-def test_only_the_training_stage_asks_for_gpus():
+@pytest.mark.timeout(SHARED_TIMEOUT_S + 60)
+def test_only_the_training_stage_asks_for_gpus(shared):
     """Stage-level scheduling with fake GPUs: 1 executor, 4 cores, 2 GPUs, no task GPU
     amount. Other jobs run as CPU tasks (4 at once, no GPU held); each rank gets a GPU of
     its own and the executor's cores / GPUs as its CPUs and torch threads; a third rank is
     refused at once, naming GPUs as the limit."""
-    out = run_probe("gpu_profile")
+    out = result(shared, "gpu_profile")
     assert out["cpu_slots"] == 4 and out["gpu_slots"] == 2
     assert out["etl_resources"] == [[], [], [], []]
     ranks = out["ranks"]
@@ -78,7 +106,8 @@ def test_on_a_real_gpu_nccl_placement_and_a_fit():
     assert out["history"] == 15 and out["accuracy"] >= 0.9
 
 
-@pytest.mark.timeout(300)
-def test_dynamic_allocation_is_refused_before_launch():
-    out = run_probe("dynamic")
+@pytest.mark.timeout(SHARED_TIMEOUT_S + 60)
+def test_dynamic_allocation_is_refused_before_launch(shared):
+    out = result(shared, "dynamic")
     assert out["error"] and "spark.dynamicAllocation.enabled=false" in out["error"]
+    assert out["jobs"] == 0  # refused from the conf alone: no Spark job ran first

@@ -219,22 +219,32 @@ def _kind(task):
     return model
 
 
-@pytest.mark.parametrize("task", [Problem.MULTICLASS, Problem.BINARY, Problem.REGRESSION])
-def test_the_logged_model_predicts_as_transform_where_sparkddl_is_absent(store, tmp_path,
-                                                                         task):
+TASKS = (Problem.MULTICLASS, Problem.BINARY, Problem.REGRESSION)
+
+
+@pytest.mark.timeout(300)
+def test_the_logged_models_predict_as_transform_where_sparkddl_is_absent_for_each_task(
+        store, tmp_path):
+    """A multiclass, a binary and a regression model, each logged in a run of its own, then
+    loaded (pyfunc and pytorch flavors) in one process where sparkddl and pyspark cannot be
+    imported: one launch checks all three."""
     from pyspark.sql.types import ArrayType, IntegerType, StructField, StructType
-    model = _kind(task)
     # integer pixels, as an array<int> column: pandas holds them as int64
     frame = pd.DataFrame({"features": list(np.random.default_rng(0).integers(0, 17, (37, 6)))})
     schema = StructType([StructField("features", ArrayType(IntegerType()))])
-    prediction, probability = _expected(model, frame)
-    with mlflow.start_run() as run:
-        uri = tracking.log_model(model, run.info.run_id, schema,
-                                 frame.head(3).map(lambda v: [int(x) for x in v]))
-    info = mlflow.models.get_model_info(uri)
-    assert info.flavors["python_function"]["loader_module"].startswith("sparkddl_portable_")
-    assert "pytorch" in info.flavors and info.saved_input_example_info is not None
     frame.to_parquet(tmp_path / "in.parquet")
+    models, expected, uris = {}, {}, []
+    for task in TASKS:
+        model = models[task] = _kind(task)
+        expected[task] = _expected(model, frame)
+        with mlflow.start_run() as run:
+            uri = tracking.log_model(model, run.info.run_id, schema,
+                                     frame.head(3).map(lambda v: [int(x) for x in v]))
+        info = mlflow.models.get_model_info(uri)
+        assert info.flavors["python_function"]["loader_module"].startswith(
+            "sparkddl_portable_"), task
+        assert "pytorch" in info.flavors and info.saved_input_example_info is not None, task
+        uris.append(uri)
     script = tmp_path / "predict.py"
     script.write_text(textwrap.dedent(f"""
         import sys
@@ -243,28 +253,32 @@ def test_the_logged_model_predicts_as_transform_where_sparkddl_is_absent(store, 
         import mlflow, numpy as np, pandas as pd, torch
         mlflow.set_tracking_uri({mlflow.get_tracking_uri()!r})
         df = pd.read_parquet({str(tmp_path / 'in.parquet')!r})
-        out = mlflow.pyfunc.load_model({uri!r}).predict(df)  # the signature is enforced
-        out.to_parquet({str(tmp_path / 'out.parquet')!r})
-        module = mlflow.pytorch.load_model({uri!r})
-        x = torch.tensor(np.stack(df["features"]), dtype=torch.float32)
-        torch.save(module(x).detach(), {str(tmp_path / 'raw.pt')!r})
+        for i, uri in enumerate({uris!r}):
+            out = mlflow.pyfunc.load_model(uri).predict(df)  # the signature is enforced
+            out.to_parquet({str(tmp_path)!r} + f"/out{{i}}.parquet")
+            module = mlflow.pytorch.load_model(uri)
+            x = torch.tensor(np.stack(df["features"]), dtype=torch.float32)
+            torch.save(module(x).detach(), {str(tmp_path)!r} + f"/raw{{i}}.pt")
         """))
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH",)}
     done = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
                           capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-3000:]
-    got = pd.read_parquet(tmp_path / "out.parquet")
-    if probability is None:
-        assert list(got.columns) == ["prediction"]
-        assert np.allclose(got["prediction"].to_numpy(), prediction, atol=1e-5)
-    else:
-        assert list(got.columns) == ["prediction", "probability", "rawPrediction"]
-        assert (got["prediction"].to_numpy() == prediction).all()
-        assert np.allclose(np.stack(got["probability"]), probability, atol=1e-6)
-    raw = torch.load(tmp_path / "raw.pt", weights_only=True)
-    with torch.no_grad():
-        direct = model.module()(torch.tensor(np.stack(frame["features"]), dtype=torch.float32))
-    assert np.allclose(raw.numpy(), direct.numpy(), atol=1e-5)
+    for i, (task, model) in enumerate(models.items()):
+        prediction, probability = expected[task]
+        got = pd.read_parquet(tmp_path / f"out{i}.parquet")
+        if probability is None:
+            assert list(got.columns) == ["prediction"], task
+            assert np.allclose(got["prediction"].to_numpy(), prediction, atol=1e-5), task
+        else:
+            assert list(got.columns) == ["prediction", "probability", "rawPrediction"], task
+            assert (got["prediction"].to_numpy() == prediction).all(), task
+            assert np.allclose(np.stack(got["probability"]), probability, atol=1e-6), task
+        raw = torch.load(tmp_path / f"raw{i}.pt", weights_only=True)
+        with torch.no_grad():
+            direct = model.module()(torch.tensor(np.stack(frame["features"]),
+                                                 dtype=torch.float32))
+        assert np.allclose(raw.numpy(), direct.numpy(), atol=1e-5), task
 
 
 def test_the_signature_follows_the_dataframe_schema():
