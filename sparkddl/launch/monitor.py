@@ -82,6 +82,7 @@ class StageMonitor:
         self.closed: dict[int, float] = {}  # rank -> when its connection closed
         self.dropped: set[int] = set()  # ranks whose connection the driver dropped
         self.connected: set[int] = set()  # ranks that said hello
+        self.hello_at: dict[int, float] = {}  # when (lost before any heartbeat: counts)
         self.where: dict[int, str] = {}  # rank -> its executor's address, as it said
         self.executors: dict[int, str] = {}  # rank -> its executor's id ('' if unknown)
         self.lost_ranks: list[RankFailure] = []  # ranks found lost, as failures
@@ -192,21 +193,24 @@ class StageMonitor:
     def _hello(self, msg: Message, body: m.Hello) -> None:
         with self._lock:
             self.connected.add(msg.rank)
+            self.hello_at.setdefault(msg.rank, self.clock())
             self.where[msg.rank] = body.host
             self.executors[msg.rank] = body.executor
 
     def lost(self, limit_s: float = HEARTBEAT_LOST_S) -> list[RankFailure]:
-        """Ranks that were heard from but whose heartbeats stopped for ``limit_s`` while
-        their connection stayed open, as failures naming where they ran."""
+        """Ranks whose heartbeats stopped for ``limit_s`` (or never came, counting from their
+        hello: a host lost in a rank's first second) while their connection stayed open, as
+        failures naming where they ran."""
         now = self.clock()
         with self._lock:
-            return [RankFailure(r, f"lost: no heartbeat for {now - b.heard_at:.0f}s while its "
+            heard = {**self.hello_at, **{r: b.heard_at for r, b in self.beats.items()}}
+            return [RankFailure(r, f"lost: no heartbeat for {now - at:.0f}s while its "
                                    "connection to the driver stayed open (its host is "
                                    "unreachable, or its process is frozen)",
                                 host=self.where.get(r, ""),
                                 status={"lost": True, "executor": self.executors.get(r, "")})
-                    for r, b in sorted(self.beats.items())
-                    if now - b.heard_at > limit_s and r not in self.done
+                    for r, at in sorted(heard.items())
+                    if now - at > limit_s and r not in self.done
                     and r not in self.closed and r not in self.failures]
 
     def _stacks(self, msg: Message, body: m.Stacks) -> None:

@@ -10,7 +10,7 @@ import itertools
 import pytest
 
 from sparkddl.channel.server import Message
-from sparkddl.launch.monitor import START_LIMIT_S, StageMonitor
+from sparkddl.launch.monitor import HEARTBEAT_LOST_S, START_LIMIT_S, StageMonitor
 
 LIMIT = 4.0
 
@@ -124,6 +124,26 @@ def test_a_rank_whose_heartbeats_stopped_is_named_with_how_long_ago():
     head = culprit_line(monitor.stalled(LIMIT, 2))
     assert "likely cause: rank 1 at step 3" in head and "(no heartbeat for 6.0s)" in head
     assert "rank 0" not in head
+
+
+def test_a_rank_lost_before_its_first_heartbeat_is_lost_counting_from_its_hello():
+    """A warm rank can finish epochs within its first second; should its host drop then,
+    before its first heartbeat, it is found lost as one that was heard once."""
+    clock = Clock()
+    monitor = StageMonitor(clock=clock)
+    for rank in (0, 1):
+        monitor.handle(Message(rank=rank, header={"type": "hello", "rank": rank,
+                                                  "host": f"10.0.0.{rank + 1}",
+                                                  "executor": str(rank)}))
+    for _ in range(int(HEARTBEAT_LOST_S)):  # rank 0 beats; rank 1 never does
+        clock.now += 1.0
+        monitor.handle(beat(0, 3, "training"))
+        assert monitor.lost() == []
+    clock.now += 1.0
+    [lost] = monitor.lost()
+    assert lost.rank == 1 and lost.host == "10.0.0.2"
+    assert lost.status == {"lost": True, "executor": "1"}
+    assert "no heartbeat for 11s" in lost.message
 
 
 def test_no_verdict_before_the_limit_or_before_any_rank_started():
