@@ -5,29 +5,60 @@ from __future__ import annotations
 import json
 import os
 import re
+import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 
 from sparkddl.cli.spark_settings import local_heap_mb
-from tests.integration.test_standalone import run_in_own_group
+from tests.integration.test_standalone import SHORT_LIVED_JVM, run_in_own_group
 
 ROOT = Path(__file__).resolve().parents[2]
 PRESET = str(ROOT / "conf" / "digits.toml")
 PROBE = str(ROOT / "tests" / "integration" / "scripts" / "session_probe.py")
 SETS = ["--set", "spark.master=local[1]", "--set", "spark.app_name=probe"]
 MEMORY = ["--set", "spark.conf.spark.driver.memory=1536m"]
+SUBMIT = str(Path(sys.executable).parent / "spark-submit")
+
+# Each launch below starts its own driver JVM (a JVM's heap is fixed when it starts, so no
+# two can share one); they are independent processes, so the module starts them all at
+# once, with prepare_out_of_heap's, and each test checks its own launch's output. Most of
+# a launch is JVM start-up, which waits as well as computes: six at once take well under
+# six times one.
+LAUNCHES = {
+    "preset memory": ([sys.executable, PROBE, PRESET, *SETS, *MEMORY], {}),
+    "no memory": ([sys.executable, PROBE, PRESET, *SETS], {}),
+    "launcher args": ([sys.executable, PROBE, PRESET, *SETS, *MEMORY], {
+        "PYSPARK_SUBMIT_ARGS": "--driver-memory 1g --master local[2] pyspark-shell"}),
+    "submit conf": ([SUBMIT, "--conf", "spark.driver.memory=1g", PROBE, PRESET, *SETS, *MEMORY],
+                    {}),
+    "submit plain": ([SUBMIT, PROBE, PRESET, *SETS, *MEMORY], {}),
+}
 
 
 def probe(cmd: list[str], **env: str) -> tuple[dict, str]:
     environ = {k: v for k, v in os.environ.items()
                if k not in ("PYSPARK_SUBMIT_ARGS", "SPARK_DRIVER_MEMORY", "MASTER")}
-    proc = run_in_own_group(cmd, timeout=120, cwd=ROOT, env={**environ, **env})
+    proc = run_in_own_group(cmd, timeout=120, cwd=ROOT,
+                            env={**environ, **SHORT_LIVED_JVM, **env})
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("PROBE "))
     # spark-submit merges its Python driver's stderr into its stdout
     return json.loads(line[len("PROBE "):]), proc.stderr + proc.stdout
+
+
+@pytest.fixture(scope="module")
+def launched(tmp_path_factory):
+    """Every launch of this module, started at once: the name of one -> what it returned,
+    waiting for that launch alone. Each launch keeps its own timeout and the check that
+    nothing of its process group outlives it."""
+    with ThreadPoolExecutor(len(LAUNCHES) + 1) as pool:
+        running = {name: pool.submit(probe, cmd, **env) for name, (cmd, env) in LAUNCHES.items()}
+        running["prepare out of heap"] = pool.submit(prepare_out_of_heap,
+                                                     tmp_path_factory.mktemp("heap"))
+        yield lambda name: running[name].result()
 
 
 def heap_matches(max_heap_mb: float, xmx_mb: int) -> bool:
@@ -36,32 +67,29 @@ def heap_matches(max_heap_mb: float, xmx_mb: int) -> bool:
 
 
 @pytest.mark.timeout(150)
-def test_the_presets_master_and_driver_memory_reach_the_jvm():
-    got, _ = probe([sys.executable, PROBE, PRESET, *SETS, *MEMORY])
+def test_the_presets_master_and_driver_memory_reach_the_jvm(launched):
+    got, _ = launched("preset memory")
     assert got["master"] == "local[1]" and got["app_name"] == "probe"
     assert heap_matches(got["max_heap_mb"], 1536), got
 
 
 @pytest.mark.timeout(150)
-def test_a_local_master_without_a_memory_setting_gets_half_the_machine():
-    got, err = probe([sys.executable, PROBE, PRESET, *SETS])
+def test_a_local_master_without_a_memory_setting_gets_half_the_machine(launched):
+    got, err = launched("no memory")
     assert heap_matches(got["max_heap_mb"], local_heap_mb()), got
     assert f"driver heap {local_heap_mb()}m for local[1]" in err
 
 
 @pytest.mark.timeout(150)
-def test_the_launchers_settings_win_over_the_preset():
-    args = "--driver-memory 1g --master local[2] pyspark-shell"
-    got, _ = probe([sys.executable, PROBE, PRESET, *SETS, *MEMORY], PYSPARK_SUBMIT_ARGS=args)
+def test_the_launchers_settings_win_over_the_preset(launched):
+    got, _ = launched("launcher args")
     assert got["master"] == "local[2]"
     assert heap_matches(got["max_heap_mb"], 1024), got
 
 
 @pytest.mark.timeout(150)
-def test_spark_submit_conf_wins_and_what_cannot_apply_is_said_once():
-    submit = str(Path(sys.executable).parent / "spark-submit")
-    got, err = probe([submit, "--conf", "spark.driver.memory=1g", PROBE, PRESET, *SETS,
-                      *MEMORY])
+def test_spark_submit_conf_wins_and_what_cannot_apply_is_said_once(launched):
+    got, err = launched("submit conf")
     assert got["master"] == "local[1]"  # no --master given: the preset's applies
     assert heap_matches(got["max_heap_mb"], 1024), got
     # spark-submit's own value wins silently; nothing else was left unapplied
@@ -69,9 +97,8 @@ def test_spark_submit_conf_wins_and_what_cannot_apply_is_said_once():
 
 
 @pytest.mark.timeout(150)
-def test_a_jvm_setting_spark_submit_left_unset_is_named_when_it_cannot_apply():
-    submit = str(Path(sys.executable).parent / "spark-submit")
-    got, err = probe([submit, PROBE, PRESET, *SETS, *MEMORY])
+def test_a_jvm_setting_spark_submit_left_unset_is_named_when_it_cannot_apply(launched):
+    got, err = launched("submit plain")
     assert got["master"] == "local[1]"
     lines = [x for x in err.splitlines() if "not applied" in x]
     assert lines == ["WARNING preset [spark] spark.driver.memory=1536m not applied: "
@@ -95,8 +122,9 @@ def wide_table(path: Path, files: int, rows: int, width: int) -> None:
         pq.write_table(table, path / f"part-{i}.parquet", row_group_size=rows)
 
 
-@pytest.mark.timeout(200)
-def test_preparation_out_of_heap_is_a_clear_error_naming_the_setting(tmp_path):
+def prepare_out_of_heap(tmp_path: Path) -> tuple[subprocess.CompletedProcess, Path]:
+    """``sparkddl prepare`` of two 100 MB row groups, two tasks at once, in a 512m heap;
+    and the folder of its data, store and output."""
     wide_table(tmp_path / "wide", files=2, rows=25_000, width=1024)  # 2 x 100 MB row groups
     args = ["prepare", PRESET, "--set", "spark.master=local[2]",
             "--set", "spark.conf.spark.driver.memory=512m",
@@ -104,7 +132,13 @@ def test_preparation_out_of_heap_is_a_clear_error_naming_the_setting(tmp_path):
             "--set", f"train.store={tmp_path / 'store'}", "--set", f"output.dir={tmp_path}"]
     environ = {k: v for k, v in os.environ.items() if k != "PYSPARK_SUBMIT_ARGS"}
     cli = str(Path(sys.executable).parent / "sparkddl")
-    proc = run_in_own_group([cli, *args], timeout=180, cwd=ROOT, env=environ)
+    return run_in_own_group([cli, *args], timeout=180, cwd=ROOT,
+                            env={**environ, **SHORT_LIVED_JVM}), tmp_path
+
+
+@pytest.mark.timeout(200)
+def test_preparation_out_of_heap_is_a_clear_error_naming_the_setting(launched):
+    proc, tmp_path = launched("prepare out of heap")
     assert proc.returncode != 0
     last = proc.stderr.strip().splitlines()[-1]
     # the job's test split filters by a hash of the rows, so sizing them reads them already

@@ -16,6 +16,12 @@ from sparkddl.session.standalone import StandaloneCluster
 
 ROOT = Path(__file__).resolve().parents[2]
 SUBMIT_TIMEOUT_S = 300
+# For the JVMs these tests start, which live seconds: compile with C1 alone. C2 compiles
+# for long-running code and would rather cost such a JVM CPU time than save it (about a
+# third of a Spark launch's CPU here). A flag of the JVM itself, not a Spark setting: what
+# the tests check of Spark's settings is untouched ("Picked up JAVA_TOOL_OPTIONS" goes to
+# each JVM's stderr).
+SHORT_LIVED_JVM = {"JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1"}
 
 
 def live_members(pgid: int) -> list[int]:
@@ -77,7 +83,7 @@ def test_a_timed_out_submit_leaves_no_process_of_its_group(tmp_path):
               f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{c.pid}}')\n"
               "time.sleep(300)\n")
     with pytest.raises(subprocess.TimeoutExpired):
-        run_in_own_group([sys.executable, "-c", parent], timeout=5)
+        run_in_own_group([sys.executable, "-c", parent], timeout=2)
     group, child = map(int, pids.read_text().split())
     assert not live_members(group)
     with contextlib.suppress(FileNotFoundError):  # gone, or a zombie waiting to be reaped
@@ -85,8 +91,10 @@ def test_a_timed_out_submit_leaves_no_process_of_its_group(tmp_path):
 
 
 @pytest.mark.timeout(420)
-def test_spark_submit_to_a_standalone_cluster(tmp_path):
+def test_spark_submit_to_a_standalone_cluster(tmp_path, monkeypatch):
     submit = Path(sys.executable).parent / "spark-submit"
+    for key, value in SHORT_LIVED_JVM.items():  # the daemons', and so their executors', too
+        monkeypatch.setenv(key, value)
     env = {**os.environ, "PYSPARK_PYTHON": sys.executable, "PYSPARK_DRIVER_PYTHON": sys.executable,
            "SPARK_LOCAL_IP": "127.0.0.1"}
     cluster = StandaloneCluster(cores=2, memory="2g")
