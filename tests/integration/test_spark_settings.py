@@ -41,7 +41,7 @@ LAUNCHES = {
 def probe(cmd: list[str], **env: str) -> tuple[dict, str]:
     environ = {k: v for k, v in os.environ.items()
                if k not in ("PYSPARK_SUBMIT_ARGS", "SPARK_DRIVER_MEMORY", "MASTER")}
-    proc = run_in_own_group(cmd, timeout=120, cwd=ROOT,
+    proc = run_in_own_group(cmd, timeout=300, cwd=ROOT,
                             env={**environ, **SHORT_LIVED_JVM, **env})
     assert proc.returncode == 0, proc.stderr[-4000:]
     line = next(x for x in proc.stdout.splitlines() if x.startswith("PROBE "))
@@ -66,28 +66,28 @@ def heap_matches(max_heap_mb: float, xmx_mb: int) -> bool:
     return 0.85 * xmx_mb <= max_heap_mb <= 1.01 * xmx_mb
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(420)
 def test_the_presets_master_and_driver_memory_reach_the_jvm(launched):
     got, _ = launched("preset memory")
     assert got["master"] == "local[1]" and got["app_name"] == "probe"
     assert heap_matches(got["max_heap_mb"], 1536), got
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(420)
 def test_a_local_master_without_a_memory_setting_gets_half_the_machine(launched):
     got, err = launched("no memory")
     assert heap_matches(got["max_heap_mb"], local_heap_mb()), got
     assert f"driver heap {local_heap_mb()}m for local[1]" in err
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(420)
 def test_the_launchers_settings_win_over_the_preset(launched):
     got, _ = launched("launcher args")
     assert got["master"] == "local[2]"
     assert heap_matches(got["max_heap_mb"], 1024), got
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(420)
 def test_spark_submit_conf_wins_and_what_cannot_apply_is_said_once(launched):
     got, err = launched("submit conf")
     assert got["master"] == "local[1]"  # no --master given: the preset's applies
@@ -96,7 +96,7 @@ def test_spark_submit_conf_wins_and_what_cannot_apply_is_said_once(launched):
     assert "not applied" not in err
 
 
-@pytest.mark.timeout(150)
+@pytest.mark.timeout(420)
 def test_a_jvm_setting_spark_submit_left_unset_is_named_when_it_cannot_apply(launched):
     got, err = launched("submit plain")
     assert got["master"] == "local[1]"
@@ -132,11 +132,11 @@ def prepare_out_of_heap(tmp_path: Path) -> tuple[subprocess.CompletedProcess, Pa
             "--set", f"train.store={tmp_path / 'store'}", "--set", f"output.dir={tmp_path}"]
     environ = {k: v for k, v in os.environ.items() if k != "PYSPARK_SUBMIT_ARGS"}
     cli = str(Path(sys.executable).parent / "sparkddl")
-    return run_in_own_group([cli, *args], timeout=180, cwd=ROOT,
+    return run_in_own_group([cli, *args], timeout=300, cwd=ROOT,
                             env={**environ, **SHORT_LIVED_JVM}), tmp_path
 
 
-@pytest.mark.timeout(200)
+@pytest.mark.timeout(420)
 def test_preparation_out_of_heap_is_a_clear_error_naming_the_setting(launched):
     proc, tmp_path = launched("prepare out of heap")
     assert proc.returncode != 0

@@ -83,7 +83,7 @@ def test_a_timed_out_submit_leaves_no_process_of_its_group(tmp_path):
               f"open({str(pids)!r}, 'w').write(f'{{os.getpid()}} {{c.pid}}')\n"
               "time.sleep(300)\n")
     with pytest.raises(subprocess.TimeoutExpired):
-        run_in_own_group([sys.executable, "-c", parent], timeout=2)
+        run_in_own_group([sys.executable, "-c", parent], timeout=5)
     group, child = map(int, pids.read_text().split())
     assert not live_members(group)
     with contextlib.suppress(FileNotFoundError):  # gone, or a zombie waiting to be reaped
