@@ -149,6 +149,22 @@ def _hard_time_limit(request):
         faulthandler.cancel_dump_traceback_later()
 
 
+def _free_disk() -> str:
+    import shutil
+    import tempfile
+    return ", ".join(f"{where} {shutil.disk_usage(where).free / 2**30:.1f} GiB"
+                     for where in dict.fromkeys([tempfile.gettempdir(), str(ROOT)]))
+
+
+def pytest_report_header(config) -> str:
+    # when tests fail all at once, free disk is the first thing to rule out
+    return f"free disk: {_free_disk()}"
+
+
+def pytest_terminal_summary(terminalreporter) -> None:
+    terminalreporter.write_line(f"free disk at the end: {_free_disk()}")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=_order)
 
