@@ -14,12 +14,14 @@ Creating namespaces needs root (CAP_NET_ADMIN): :func:`unavailable` says why not
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import random
 import re
 import shutil
 import signal
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -30,6 +32,7 @@ from sparkddl.session.standalone import spark_home
 START_TIMEOUT_S = 90.0
 _MASTER = re.compile(r"Starting Spark master at (spark://[\w.:-]+)")
 _REGISTERED = re.compile(r"Successfully registered with master")
+_MASTER_UI = re.compile(r"MasterWebUI: Bound MasterWebUI to .*, and started at (http://[\w.:-]+)")
 
 
 def unavailable() -> str:
@@ -78,6 +81,7 @@ class Hosts:
         self.addresses = [f"10.78.{self.subnet}.{i + 1}" for i in range(n)]
         self._switch = f"sd{tag}sw" if n > 2 else None
         self._procs: list[tuple[subprocess.Popen, object]] = []
+        self.master_ui = ""  # the standalone master's web UI (hosts.spark sets it)
         self.dir = Path(tempfile.mkdtemp(prefix="sparkddl-hosts-"))
 
     def __enter__(self) -> "Hosts":
@@ -120,15 +124,16 @@ class Hosts:
     def heal(self, i: int) -> None:
         _ip("link", "set", self.links[i], "up", ns=self.names[i])
 
-    def popen(self, i: int, cmd: list[str], log_name: str, env: dict[str, str] | None = None
-              ) -> tuple[subprocess.Popen, Path]:
-        """Start ``cmd`` on host ``i`` in a process group of its own, output to a log file;
-        it is killed (with its group) when the hosts close."""
+    def popen(self, i: int, cmd: list[str], log_name: str, env: dict[str, str] | None = None,
+              stdin: int | None = None) -> tuple[subprocess.Popen, Path]:
+        """Start ``cmd`` on host ``i`` in a process group of its own, output to a log file
+        (``stdin=subprocess.PIPE``: the caller writes its input); it is killed (with its
+        group) when the hosts close."""
         log_path = self.dir / f"{log_name}.log"
         log = open(log_path, "w")
         proc = subprocess.Popen(["ip", "netns", "exec", self.names[i], *cmd], stdout=log,
                                 stderr=subprocess.STDOUT, env={**os.environ, **(env or {})},
-                                start_new_session=True)
+                                stdin=stdin, text=True, start_new_session=True)
         self._procs.append((proc, log))
         return proc, log_path
 
@@ -147,28 +152,52 @@ class Hosts:
     @contextlib.contextmanager
     def spark(self, workers: list[int], master: int = 0, cores: int = 1,
               memory: str = "1g") -> Iterator[str]:
-        """A standalone master on host ``master`` and a worker on each host in ``workers``;
-        yields the master's URL."""
+        """A standalone master on host ``master`` and a worker on each host in ``workers``
+        (started together once the master is up); yields the master's URL."""
         home = spark_home()
 
         def daemon(i: int, name: str, cls: str, *args: str) -> Path:
             env = {"SPARK_HOME": str(home), "SPARK_LOCAL_IP": self.addresses[i],
-                   "SPARK_NO_DAEMONIZE": "1"}
+                   "SPARK_NO_DAEMONIZE": "1",
+                   # the master and the workers do little work: a JVM that compiles less
+                   # starts sooner
+                   "SPARK_DAEMON_JAVA_OPTS": os.environ.get(
+                       "SPARK_DAEMON_JAVA_OPTS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")}
             return self.popen(i, [str(home / "bin" / "spark-class"), cls, *args], name, env)[1]
 
         log = daemon(master, "master", "org.apache.spark.deploy.master.Master", "--host",
                      self.addresses[master], "--port", "0", "--webui-port", "0")
         url = _wait_for(log, _MASTER, "the master to start").group(1)
-        for i in workers:
-            log = daemon(i, f"worker-{i}", "org.apache.spark.deploy.worker.Worker", "--host",
-                         self.addresses[i], "--cores", str(cores), "--memory", memory,
-                         "--webui-port", "0", "--work-dir", str(self.dir / f"work-{i}"), url)
+        self.master_ui = _wait_for(log, _MASTER_UI, "the master's web UI").group(1)
+        logs = {i: daemon(i, f"worker-{i}", "org.apache.spark.deploy.worker.Worker", "--host",
+                          self.addresses[i], "--cores", str(cores), "--memory", memory,
+                          "--webui-port", "0", "--work-dir", str(self.dir / f"work-{i}"), url)
+                for i in workers}
+        for i, log in logs.items():
             _wait_for(log, _REGISTERED, f"the worker on host {i} to register")
         yield url
 
+    def alive_workers(self, master: int = 0) -> list[str]:
+        """The hosts of the workers the master lists ALIVE now (from its web UI's JSON,
+        read inside host ``master``)."""
+        read = ("import sys, urllib.request; "
+                "print(urllib.request.urlopen(sys.argv[1], timeout=10).read().decode())")
+        done = subprocess.run(["ip", "netns", "exec", self.names[master], sys.executable, "-c",
+                               read, f"{self.master_ui}/json/"], capture_output=True,
+                              text=True, timeout=60)
+        if done.returncode != 0:
+            raise RuntimeError(f"cannot read the master's state: {done.stderr.strip()}")
+        return sorted(w["host"] for w in json.loads(done.stdout)["workers"]
+                      if w["state"] == "ALIVE")
+
     def close(self) -> None:
-        for proc, log in reversed(self._procs):
-            _kill_group(proc)
+        procs = [proc for proc, _ in reversed(self._procs)]
+        for proc in procs:  # every group is told first, then each is waited for
+            _terminate_group(proc)
+        deadline = time.monotonic() + 10
+        for proc in procs:
+            _kill_group(proc, max(deadline - time.monotonic(), 0.1))
+        for _, log in self._procs:
             log.close()  # type: ignore[attr-defined]
         self._procs.clear()
         for name in self.names + ([self._switch] if self._switch else []):
@@ -187,12 +216,17 @@ class Hosts:
         return [n for n in self.names if n in listed]
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def _terminate_group(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
+
+
+def _kill_group(proc: subprocess.Popen, grace_s: float = 10.0) -> None:
+    if proc.poll() is None:
+        _terminate_group(proc)
         try:
-            proc.wait(10)
+            proc.wait(grace_s)
         except subprocess.TimeoutExpired:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(proc.pid, signal.SIGKILL)
