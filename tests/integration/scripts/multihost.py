@@ -1,6 +1,10 @@
 """A driver for the several-hosts tests (tests/integration/test_multihost.py), run inside a
 network namespace: ``multihost.py MODE MASTER_URL STORE_DIR``; prints one JSON line
-``RESULT {...}`` at the end (also on failure: the error's class and message)."""
+``RESULT {...}`` at the end (also on failure: the error's class and message).
+
+``multihost.py serve MASTER_URL STORE_DIR``: one Spark application for many modes, read one a
+line from stdin (``MODE [EPOCHS]``; ``ready HOST...`` waits for one executor on each of those
+hosts); a ``RESULT`` line after each; ``exit`` or the end of stdin ends it."""
 from __future__ import annotations
 
 import json
@@ -32,10 +36,18 @@ def allreduce_on_every_rank() -> dict:
 
 
 class SlowLoss(torch.nn.Module):
-    """10 ms a step: a long fit on a small set, so a host can be lost in the middle."""
+    """10 ms a step: a long fit on a small set, so a host can be lost in the middle;
+    ``alone_s`` a step on a single rank (an elastic fit that lost a host), so that its epochs
+    on one rank last while the lost host comes back."""
+
+    def __init__(self, alone_s: float = 0.01):
+        super().__init__()
+        self.alone_s = alone_s
 
     def forward(self, output, label):
-        time.sleep(0.01)
+        import torch.distributed as dist
+        alone = not dist.is_initialized() or dist.get_world_size() == 1
+        time.sleep(self.alone_s if alone else 0.01)
         return torch.nn.functional.cross_entropy(output, label)
 
 
@@ -52,7 +64,7 @@ def estimator(store: str, **params):
     return TorchEstimator(**{**base, **params})
 
 
-def main(mode: str, master: str, store: str) -> dict:
+def session(master: str, name: str):
     import logging
     from pyspark.sql import SparkSession
 
@@ -63,12 +75,42 @@ def main(mode: str, master: str, store: str) -> dict:
     logging.getLogger("sparkddl").setLevel(logging.INFO)
 
     host = os.environ["SPARK_LOCAL_IP"]
-    spark = (SparkSession.builder.master(master).appName(f"multihost-{mode}")
-             .config("spark.driver.host", host).config("spark.driver.bindAddress", host)
-             .config("spark.executor.memory", "768m")
-             .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
-             .config("spark.python.worker.reuse", "true").getOrCreate())
-    started = time.monotonic()
+    return (SparkSession.builder.master(master).appName(f"multihost-{name}")
+            .config("spark.driver.host", host).config("spark.driver.bindAddress", host)
+            .config("spark.executor.memory", "768m")
+            .config("spark.executorEnv.PYSPARK_PYTHON", sys.executable)
+            .config("spark.ui.showConsoleProgress", "false")
+            .config("spark.python.worker.reuse", "true").getOrCreate())
+
+
+def executors(sc) -> tuple[list[str], int, int]:
+    """The hosts of the application's executors (the driver's own block manager left out),
+    its task slots and its active stages."""
+    jsc = sc._jsc.sc()
+    me = jsc.env().blockManager().blockManagerId()
+    hosts = sorted(i.host() for i in jsc.statusTracker().getExecutorInfos()
+                   if (i.host(), i.port()) != (me.host(), me.port()))
+    return hosts, int(jsc.maxNumConcurrentTasks(
+        jsc.resourceProfileManager().defaultResourceProfile())), \
+        len(sc.statusTracker().getActiveStageIds())
+
+
+def ready(spark, want: list[str], timeout_s: float = 120.0) -> dict:
+    """Wait until the application has one executor on each host of ``want``, as many task
+    slots, and no stage running (an earlier mode's lost executor replaced)."""
+    sc, started = spark.sparkContext, time.monotonic()
+    while True:
+        hosts, slots, active = executors(sc)
+        if (hosts == sorted(want) and slots == len(want) and not active) or \
+                time.monotonic() - started > timeout_s:
+            return {"executors": hosts, "slots": slots, "active_stages": active,
+                    "waited_s": time.monotonic() - started}
+        time.sleep(0.2)
+
+
+def main(mode: str, master: str, store: str, spark=None, epochs: int | None = None) -> dict:
+    """``epochs``: instead of the mode's own number (lost, elastic, heal)."""
+    spark = spark or session(master, mode)
     if mode == "run":
         import sparkddl
         return {"result": sparkddl.run(allreduce_on_every_rank, num_workers=2)}
@@ -85,9 +127,10 @@ def main(mode: str, master: str, store: str) -> dict:
         params = dict(loss=SlowLoss(), epochs=40, maxRestarts=2, slotWaitTimeout=10.0,
                       callbacks=[SayEpochs()], watchdogTimeout=None)
         if mode == "elastic":  # the caller may bring host 1 back: the fit grows back
-            params.update(minWorkers=1, epochs=20)
+            params.update(minWorkers=1, epochs=20, loss=SlowLoss(alone_s=0.05))
         if mode == "heal":  # host 1 comes back while the driver waits for its slot
             params.update(minWorkers=1, epochs=8, slotWaitTimeout=120.0)
+        params.update({"epochs": epochs} if epochs else {})
         model = estimator(store, **params).fit(df)
         return {"history": [{k: r.get(k) for k in ("epoch", "attempt", "world_size",
                                                    "rows_trained", "rows_skipped")}
@@ -97,13 +140,34 @@ def main(mode: str, master: str, store: str) -> dict:
     raise SystemExit(f"unknown mode {mode}")
 
 
-if __name__ == "__main__":
+def outcome(call) -> None:
+    """Print ``call()``'s result, or its error's class and message, as a RESULT line."""
     t0 = time.monotonic()
     try:
-        out = {"ok": True, **main(*sys.argv[1:4])}
+        out = {"ok": True, **call()}
     except BaseException as exc:  # noqa: BLE001 - the test reads the outcome
         out = {"ok": False, "error": type(exc).__name__, "message": str(exc),
                "traceback": traceback.format_exc()}
     out["wall_s"], out["ended_at"] = time.monotonic() - t0, time.time()
     print("RESULT " + json.dumps(out, default=str), flush=True)
+
+
+def serve(master: str, store: str) -> None:
+    spark = session(master, "serve")
+    print("SERVING", flush=True)
+    for line in sys.stdin:
+        words = line.split()
+        if words == ["exit"]:
+            break
+        if words[:1] == ["ready"]:
+            outcome(lambda: ready(spark, words[1:]))
+        elif words:
+            outcome(lambda: main(words[0], master, store, spark, *map(int, words[1:2])))
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "serve":
+        serve(*sys.argv[2:4])
+    else:
+        outcome(lambda: main(*sys.argv[1:4]))
     os._exit(0)  # do not wait for Spark's shutdown hooks over a cut link
