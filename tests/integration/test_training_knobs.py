@@ -21,6 +21,13 @@ from tests.integration.user_models import NaNAfter, TwoHeads, digit_step, vector
 LR = 3e-3  # the learning rate of test_estimator's estimator
 
 
+@pytest.fixture(scope="module")
+def store(tmp_path_factory):
+    """The store of every fit here: each dataset is written once, and later fits of the
+    same data reuse it (a data cache hit); each fit is a run of its own."""
+    return tmp_path_factory.mktemp("knobs-store")
+
+
 @pytest.fixture
 def digits(spark_local):
     df = digits_df(spark_local)
@@ -28,10 +35,10 @@ def digits(spark_local):
 
 
 @pytest.mark.timeout(300)
-def test_schedule_bf16_clipping_and_accumulation_train_like_fp32(digits, tmp_path):
+def test_schedule_bf16_clipping_and_accumulation_train_like_fp32(digits, store):
     train, test = digits
-    plain = estimator(tmp_path, epochs=12).fit(train)
-    knobs = estimator(tmp_path, epochs=12, batchSize=16, backwardPassesPerStep=2,
+    plain = estimator(store, epochs=12).fit(train)
+    knobs = estimator(store, epochs=12, batchSize=16, backwardPassesPerStep=2,
                       precision="bf16-mixed", gradientClipNorm=1.0, lrScheduler="step",
                       lrSchedulerOptions={"step_size": 4, "gamma": 0.5}).fit(train)
     acc_plain, acc_knobs = accuracy(plain.transform(test)), accuracy(knobs.transform(test))
@@ -49,15 +56,15 @@ def test_schedule_bf16_clipping_and_accumulation_train_like_fp32(digits, tmp_pat
 
 
 @pytest.mark.timeout(300)
-def test_accumulating_two_micro_batches_matches_one_batch_twice_the_size(spark_local, tmp_path):
+def test_accumulating_two_micro_batches_matches_one_batch_twice_the_size(spark_local, store):
     x, y = _arrays()
     df = spark_local.createDataFrame([(r.tolist(), int(v)) for r, v in zip(x[:1280], y[:1280])],
                                      "features array<float>, label int")
     common = dict(optimizer=lambda p: torch.optim.SGD(p, lr=0.1), epochs=1, numWorkers=1,
                   validation=None, shuffleBufferSize=0, finalWeights="last")
-    big = estimator(tmp_path, batchSize=32, **common).fit(df)
-    micro = estimator(tmp_path, batchSize=16, backwardPassesPerStep=2, **common).fit(df)
-    once = estimator(tmp_path, batchSize=16, **common).fit(df)
+    big = estimator(store, batchSize=32, **common).fit(df)
+    micro = estimator(store, batchSize=16, backwardPassesPerStep=2, **common).fit(df)
+    once = estimator(store, batchSize=16, **common).fit(df)
     assert micro.steps_per_rank == [2 * big.steps_per_rank[0]] == [80]
     for k, v in big._state.items():
         torch.testing.assert_close(micro._state[k], v, rtol=1e-4, atol=1e-5)
@@ -66,7 +73,7 @@ def test_accumulating_two_micro_batches_matches_one_batch_twice_the_size(spark_l
 
 
 @pytest.mark.timeout(300)
-def test_callbacks_see_the_fit_and_one_stops_every_rank(digits, tmp_path):
+def test_callbacks_see_the_fit_and_one_stops_every_rank(digits, store):
     train, _ = digits
     events: list[tuple] = []
 
@@ -84,7 +91,7 @@ def test_callbacks_see_the_fit_and_one_stops_every_rank(digits, tmp_path):
         def on_fit_end(self, model):
             events.append(("end", model))
 
-    est = estimator(tmp_path, epochs=15, callbacks=[Recorder()])
+    est = estimator(store, epochs=15, callbacks=[Recorder()])
     model = est.fit(train)
     assert events[0] == ("start", est) and events[-1] == ("end", model)
     epochs = [e[1] for e in events if e[0] == "epoch"]
@@ -98,9 +105,10 @@ def test_callbacks_see_the_fit_and_one_stops_every_rank(digits, tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_a_restart_resumes_the_schedule_and_the_accumulation_window(spark_local, tmp_path):
+def test_a_restart_resumes_the_schedule_and_the_accumulation_window(spark_local, store,
+                                                                    tmp_path):
     loss = FailingLoss(str(tmp_path / "marker"), at_step=STEPS + 12)
-    model = estimator(tmp_path / "store", loss=loss, epochs=4, backwardPassesPerStep=2,
+    model = estimator(store, loss=loss, epochs=4, backwardPassesPerStep=2,
                       maxRestarts=2, checkpointEverySteps=5, lrScheduler="exponential",
                       lrSchedulerOptions={"gamma": 0.9}, lrSchedulerInterval="step"
                       ).fit(digits_df(spark_local))
@@ -115,11 +123,11 @@ def test_a_restart_resumes_the_schedule_and_the_accumulation_window(spark_local,
 
 
 @pytest.mark.timeout(300)
-def test_a_non_finite_loss_stops_the_fit_naming_epoch_step_and_rank(digits, tmp_path):
+def test_a_non_finite_loss_stops_the_fit_naming_epoch_step_and_rank(digits, store):
     train, _ = digits
     started = time.monotonic()
     with pytest.raises(TrainingFailedError) as info:
-        estimator(tmp_path, model=NaNAfter(after=5), maxRestarts=2).fit(train)
+        estimator(store, model=NaNAfter(after=5), maxRestarts=2).fit(train)
     err = str(info.value)
     assert "non-finite loss (nan) at epoch 1, step 5 on rank" in err, err
     assert info.value.attempts == 1 and "not retried" in err
@@ -127,15 +135,15 @@ def test_a_non_finite_loss_stops_the_fit_naming_epoch_step_and_rank(digits, tmp_
 
 
 @pytest.mark.timeout(300)
-def test_nan_features_fail_on_the_driver_or_their_batches_are_skipped(spark_local, tmp_path):
+def test_nan_features_fail_on_the_driver_or_their_batches_are_skipped(spark_local, store):
     x, y = _arrays()
     x = x.copy()
     x[::50, 3] = np.nan  # 36 rows
     df = spark_local.createDataFrame([(r.tolist(), int(v)) for r, v in zip(x, y)],
                                      "features array<float>, label int")
     with pytest.raises(DataError, match=r"'features' \(\d+ of \d+ sampled rows\) hold NaN"):
-        estimator(tmp_path, epochs=1).fit(df)
-    model = estimator(tmp_path, epochs=3, onNonFiniteLoss="skip_batch").fit(df)
+        estimator(store, epochs=1).fit(df)
+    model = estimator(store, epochs=3, onNonFiniteLoss="skip_batch").fit(df)
     skipped = [r["skipped_batches"] for r in model.history]
     assert all(s > 0 for s in skipped), skipped
     assert all(math.isfinite(r["train_loss"]) for r in model.history)
@@ -143,29 +151,29 @@ def test_nan_features_fail_on_the_driver_or_their_batches_are_skipped(spark_loca
 
 
 @pytest.mark.timeout(300)
-def test_two_labels_sample_weights_and_a_custom_step(spark_local, tmp_path):
+def test_two_labels_sample_weights_and_a_custom_step(spark_local, store):
     x, y = _arrays()
     rows = [(r.tolist(), int(v), int(v) % 2, 1.0 if v < 5 else 0.0, i % 5)
             for i, (r, v) in enumerate(zip(x, y))]
     df = spark_local.createDataFrame(
         rows, "features array<float>, label int, parity int, w double, split int")
     train, test = df.filter("split != 0"), df.filter("split = 0")
-    heads = estimator(tmp_path, model=TwoHeads(), labelCol=["label", "parity"],
+    heads = estimator(store, model=TwoHeads(), labelCol=["label", "parity"],
                       epochs=8).fit(train)
     last = heads.history[-1]
     assert last["train_accuracy"] > 0.85 and last["val_loss"] < heads.history[0]["val_loss"]
     # weight 0 for digits 5-9: the model learns to predict 0-4 only
-    weighted = estimator(tmp_path, sampleWeightCol="w", epochs=8).fit(train)
+    weighted = estimator(store, sampleWeightCol="w", epochs=8).fit(train)
     predicted = [r["prediction"] for r in weighted.transform(test).collect()]
     assert sum(p >= 5 for p in predicted) / len(predicted) < 0.1
-    custom = estimator(tmp_path, trainStep=digit_step, epochs=8).fit(train)
+    custom = estimator(store, trainStep=digit_step, epochs=8).fit(train)
     assert set(custom.history[0]) >= {"train_loss", "val_loss"}
     assert "train_accuracy" not in custom.history[0]
     assert accuracy(custom.transform(test)) >= 0.9
 
 
 @pytest.mark.timeout(120)
-def test_bad_knobs_fail_on_the_driver_before_the_stage(digits, tmp_path):
+def test_bad_knobs_fail_on_the_driver_before_the_stage(digits, store):
     train, _ = digits
 
     def broken(optimizer):
@@ -192,17 +200,18 @@ def test_bad_knobs_fail_on_the_driver_before_the_stage(digits, tmp_path):
     for params, pattern in cases:
         started = time.monotonic()
         with pytest.raises(ConfigError, match=pattern):
-            estimator(tmp_path, **params).fit(train)
+            estimator(store, **params).fit(train)
         assert time.monotonic() - started < 30, params
 
 
 @pytest.mark.timeout(300)
-def test_fsdp_checkpoints_full_states_and_resumes_after_a_failure(spark_local, tmp_path):
+def test_fsdp_checkpoints_full_states_and_resumes_after_a_failure(spark_local, store,
+                                                                  tmp_path):
     if fsdp_problem("cpu"):  # the oldest stack's torch: refused on the driver
         pytest.skip(fsdp_problem("cpu"))
     loss = FailingLoss(str(tmp_path / "marker"), at_step=2 * STEPS + 5)  # in epoch 3
     df = digits_df(spark_local)
-    model = estimator(tmp_path / "store", loss=loss, epochs=4, maxRestarts=2, strategy="fsdp",
+    model = estimator(store, loss=loss, epochs=4, maxRestarts=2, strategy="fsdp",
                       strategyOptions={"min_params": 1000}, gradientClipNorm=1.0,
                       lrScheduler="step", lrSchedulerOptions={"step_size": 1, "gamma": 0.5},
                       ).fit(df.filter("split != 0"))
