@@ -64,12 +64,22 @@ def kill_executor_jvm() -> None:
     raise AssertionError("no executor JVM above this Python worker")
 
 
-def estimator(tmp_path, loss, **params) -> TorchEstimator:
+def estimator(root, loss, **params) -> TorchEstimator:
+    """A digits fit that keeps its store in ``root / "store"``."""
     base = dict(model=mlp(), optimizer=lambda p: torch.optim.Adam(p, lr=3e-3), loss=loss,
                 featuresCol="features", labelCol="label", batchSize=32, epochs=EPOCHS,
-                numWorkers=2, validation=0.2, store=str(tmp_path / "store"), progress=False,
+                numWorkers=2, validation=0.2, store=str(root / "store"), progress=False,
                 maxRestarts=2)
     return TorchEstimator(**{**base, **params})
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory):
+    """One directory whose ``store`` every fit of this module uses: the digits are written
+    to it once, and every later fit (a test's, or the driver-death test's second driver)
+    reuses them (a data cache hit, as any fit after the first on the same data). Runs stay
+    apart: each fit has its own run id; the injected failures' markers stay in tmp_path."""
+    return tmp_path_factory.mktemp("fault-tolerance")
 
 
 def assert_complete(model, epochs: int = EPOCHS, steps: int = STEPS) -> None:
@@ -80,9 +90,9 @@ def assert_complete(model, epochs: int = EPOCHS, steps: int = STEPS) -> None:
 
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize("how", ["raise", "exit"])
-def test_a_failed_rank_is_restarted_from_the_checkpoint(spark_local, tmp_path, how):
+def test_a_failed_rank_is_restarted_from_the_checkpoint(spark_local, shared, tmp_path, how):
     loss = FailingLoss(str(tmp_path / "marker"), at_step=2 * STEPS + 5, how=how)  # in epoch 3
-    model = estimator(tmp_path, loss).fit(digits_df(spark_local))
+    model = estimator(shared, loss).fit(digits_df(spark_local))
     assert (tmp_path / "marker").exists()
     assert_complete(model)
     [restart] = model.restarts
@@ -93,11 +103,11 @@ def test_a_failed_rank_is_restarted_from_the_checkpoint(spark_local, tmp_path, h
 
 
 @pytest.mark.timeout(300)
-def test_a_lost_executor_is_restarted_from_the_checkpoint(spark_cluster, tmp_path):
+def test_a_lost_executor_is_restarted_from_the_checkpoint(spark_cluster, shared, tmp_path):
     """local-cluster: rank 1's whole executor JVM is killed; its worker starts a new one."""
     marker = tmp_path / "marker"
     loss = FailingLoss(str(marker), at_step=2 * STEPS + 5, how="kill-executor")
-    model = estimator(tmp_path, loss).fit(digits_df(spark_cluster))
+    model = estimator(shared, loss).fit(digits_df(spark_cluster))
     assert marker.exists()
     assert_complete(model)
     [restart] = model.restarts
@@ -109,9 +119,10 @@ def test_a_lost_executor_is_restarted_from_the_checkpoint(spark_cluster, tmp_pat
 
 
 @pytest.mark.timeout(300)
-def test_resume_inside_an_epoch_from_a_step_checkpoint(spark_local, tmp_path, mlflow_store):
+def test_resume_inside_an_epoch_from_a_step_checkpoint(spark_local, shared, tmp_path,
+                                                       mlflow_store):
     loss = FailingLoss(str(tmp_path / "marker"), at_step=STEPS + 12)
-    model = estimator(tmp_path, loss, checkpointEverySteps=5,
+    model = estimator(shared, loss, checkpointEverySteps=5,
                       mlflow=True).fit(digits_df(spark_local))
     assert_complete(model)
     [restart] = model.restarts
@@ -132,23 +143,14 @@ def test_resume_inside_an_epoch_from_a_step_checkpoint(spark_local, tmp_path, ml
 
 @pytest.mark.timeout(300)
 def test_without_checkpoints_a_restart_starts_over_and_forgets_the_failed_attempt(
-        spark_local, tmp_path):
+        spark_local, shared, tmp_path):
     loss = FailingLoss(str(tmp_path / "marker"), at_step=2 * STEPS + 5)
-    model = estimator(tmp_path, loss, checkpointEvery=0).fit(digits_df(spark_local))
+    model = estimator(shared, loss, checkpointEvery=0).fit(digits_df(spark_local))
     assert_complete(model)
     [restart] = model.restarts
     assert (restart["resumed_from_epoch"], restart["resumed_from_step"]) == (0, 0)
     assert restart["steps_redone"] == 2 * STEPS + 4
     assert [r["attempt"] for r in model.history] == [1, 1, 1, 1]  # epochs 1-2 of attempt 0 gone
-
-
-@pytest.mark.timeout(300)
-def test_resuming_a_run_with_another_layout_is_refused(spark_local, tmp_path):
-    df = digits_df(spark_local)
-    estimator(tmp_path, "cross_entropy", epochs=2, runId="run-layout").fit(df)
-    with pytest.raises(ConfigError, match=r"run run-layout cannot be resumed with a different "
-                                          r"setup \(num_workers 2 -> 1"):
-        estimator(tmp_path, "cross_entropy", epochs=3, runId="run-layout", numWorkers=1).fit(df)
 
 
 class HangingModel:
@@ -165,23 +167,24 @@ class HangingModel:
 
 
 @pytest.mark.timeout(300)
-def test_watchdog_catches_a_rank_stuck_before_its_first_step(spark_local, tmp_path):
-    model = estimator(tmp_path, "cross_entropy", model=HangingModel(str(tmp_path / "marker")),
-                      watchdogTimeout=4.0).fit(digits_df(spark_local))
+def test_watchdog_catches_a_rank_stuck_before_its_first_step(spark_local, shared, tmp_path):
+    model = estimator(shared, "cross_entropy", model=HangingModel(str(tmp_path / "marker")),
+                      watchdogTimeout=3.0).fit(digits_df(spark_local))
     assert_complete(model)
     [restart] = model.restarts
     # rank 0 waits for rank 1 in DDP's first broadcast: only rank 1 is named as the cause
-    assert restart["reason"].startswith("watchdog: no progress for 4s; likely cause: rank 1 "
+    assert restart["reason"].startswith("watchdog: no progress for 3s; likely cause: rank 1 "
                                         "at step 0 (building the model), not inside a "
                                         "collective")
     assert "rank 0" not in restart["reason"]
 
 
 @pytest.mark.timeout(300)
-def test_a_failure_that_repeats_ends_the_fit_at_its_first_repeat(spark_local, tmp_path):
+def test_a_failure_that_repeats_ends_the_fit_at_its_first_repeat(spark_local, shared,
+                                                                 tmp_path):
     loss = FailingLoss(str(tmp_path / "marker"), at_step=3, always=True)
     with pytest.raises(TrainingFailedError) as info:
-        estimator(tmp_path, loss, maxRestarts=2).fit(digits_df(spark_local))
+        estimator(shared, loss, maxRestarts=2).fit(digits_df(spark_local))
     err = info.value
     assert err.attempts == 2 and 1 in err.ranks
     assert "not retried: attempt 0 failed the same way: RuntimeError: injected failure at " \
@@ -190,10 +193,10 @@ def test_a_failure_that_repeats_ends_the_fit_at_its_first_repeat(spark_local, tm
 
 
 @pytest.mark.timeout(300)
-def test_watchdog_turns_a_stuck_rank_into_a_restart(spark_local, tmp_path, caplog):
+def test_watchdog_turns_a_stuck_rank_into_a_restart(spark_local, shared, tmp_path, caplog):
     loss = FailingLoss(str(tmp_path / "marker"), at_step=20, how="hang")
     with caplog.at_level(logging.WARNING, logger="sparkddl.launch.stage"):
-        model = estimator(tmp_path, loss, watchdogTimeout=4.0).fit(digits_df(spark_local))
+        model = estimator(shared, loss, watchdogTimeout=3.0).fit(digits_df(spark_local))
     # the report carries the stuck rank's Python stack: where it is, not only its phase
     [report] = [r.getMessage() for r in caplog.records
                 if r.name == "sparkddl.launch.stage" and "watchdog" in r.getMessage()]
@@ -203,24 +206,30 @@ def test_watchdog_turns_a_stuck_rank_into_a_restart(spark_local, tmp_path, caplo
     assert len(model.restarts) == 1, model.restarts
     [restart] = model.restarts
     # rank 0 waits in DDP's allreduce inside backward; rank 1 hangs in its loss
-    assert restart["reason"].startswith("watchdog: no progress for 4s; likely cause: rank 1 "
+    assert restart["reason"].startswith("watchdog: no progress for 3s; likely cause: rank 1 "
                                         "at step 19 (computing the loss, epoch 1 step 20), "
                                         "not inside a collective")
     assert "rank 0" not in restart["reason"]
 
 
 @pytest.mark.timeout(300)
-def test_truncated_latest_checkpoint_falls_back_to_the_previous(spark_local, tmp_path, caplog):
+def test_a_resume_refuses_another_layout_and_skips_a_truncated_latest_checkpoint(
+        spark_local, shared, caplog):
+    """One run, resumed twice: with another layout (refused), then after its latest
+    checkpoint was cut short (it falls back to the previous one)."""
     df = digits_df(spark_local)
-    first = estimator(tmp_path, "cross_entropy", epochs=3, runId="run-truncated").fit(df)
-    store = Store.from_uri(tmp_path / "store")
+    first = estimator(shared, "cross_entropy", epochs=3, runId="run-resumes").fit(df)
+    with pytest.raises(ConfigError, match=r"run run-resumes cannot be resumed with a different "
+                                          r"setup \(num_workers 2 -> 1"):
+        estimator(shared, "cross_entropy", epochs=3, runId="run-resumes", numWorkers=1).fit(df)
+    store = Store.from_uri(shared / "store")
     ckpts = sorted(store.listdir(store.run_url(first.run_id, "checkpoints")))
     assert "ckpt-00002-00000000.pt" in ckpts
     latest = Path(store.fs_path(store.run_url(first.run_id, "checkpoints",
                                               "ckpt-00002-00000000.pt")))
     latest.write_bytes(latest.read_bytes()[:1000])  # a crash in the middle of a write
     with caplog.at_level(logging.WARNING, logger="sparkddl.checkpoint"):
-        resumed = estimator(tmp_path, "cross_entropy", epochs=5, runId="run-truncated").fit(df)
+        resumed = estimator(shared, "cross_entropy", epochs=5, runId="run-resumes").fit(df)
     assert "skipping checkpoint" in caplog.text and "is truncated" in caplog.text
     assert_complete(resumed, 5)
     assert [r["attempt"] for r in resumed.history] == [0, 0, 0, 0, 0]
@@ -240,18 +249,28 @@ estimator(__import__("pathlib").Path({tmp!r}), SlowLoss(), epochs=6, runId="run-
 
 
 class SlowLoss(torch.nn.Module):
+    """Cross-entropy that takes ``seconds`` a step."""
+
+    def __init__(self, seconds: float = 0.05):
+        super().__init__()
+        self.seconds = seconds
+
     def forward(self, output, label):
-        time.sleep(0.05)
+        time.sleep(self.seconds)
         return torch.nn.functional.cross_entropy(output, label)
 
 
 @pytest.mark.timeout(400)
-def test_a_run_resumes_after_its_driver_died(spark_local, tmp_path):
+def test_a_run_resumes_after_its_driver_died(spark_local, shared):
+    """The first driver (its own process and JVM) trains with slow steps, so that it is
+    killed mid-training, 4 epochs (over 4 s) before its end; it finds the digits already in
+    the shared store. The second resumes the run; how fast its steps are does not matter."""
     proc = subprocess.Popen([sys.executable, "-c", DRIVER.format(root=str(ROOT),
-                                                                 tmp=str(tmp_path))],
+                                                                 tmp=str(shared))],
                             cwd=ROOT, start_new_session=True, stdout=subprocess.DEVNULL,
                             stderr=subprocess.DEVNULL)
-    ckpt = tmp_path / "store" / "runs" / "run-driver" / "checkpoints" / "driver-00002.pt"
+    run_dir = shared / "store" / "runs" / "run-driver"
+    ckpt = run_dir / "checkpoints" / "driver-00002.pt"
     try:
         deadline = time.time() + 200
         while not ckpt.exists() and time.time() < deadline and proc.poll() is None:
@@ -260,7 +279,9 @@ def test_a_run_resumes_after_its_driver_died(spark_local, tmp_path):
     finally:
         os.killpg(proc.pid, signal.SIGKILL)  # the driver and its JVM die mid-training
         proc.wait(30)
-    model = estimator(tmp_path, SlowLoss(), epochs=6, runId="run-driver").fit(
+    # a fit writes its history when it ends, whichever way: the first one never did
+    assert not (run_dir / "history.json").exists(), "the first driver ended before its kill"
+    model = estimator(shared, "cross_entropy", epochs=6, runId="run-driver").fit(
         digits_df(spark_local))
     assert model.run_id == "run-driver"
     assert_complete(model, 6)
@@ -290,20 +311,21 @@ def attack(found: dict, done: threading.Event) -> None:
 
 
 @pytest.mark.timeout(300)
-def test_channel_rejects_intruders_and_training_goes_on(spark_local, tmp_path, caplog,
-                                                         capfd):
+def test_channel_rejects_intruders_and_training_goes_on(spark_local, shared, caplog, capfd):
     found: dict = {}
     done = threading.Event()
     thread = threading.Thread(target=attack, args=(found, done), daemon=True)
     thread.start()
-    with caplog.at_level(logging.DEBUG):  # slow steps: the fit outlasts the attack
-        model = estimator(tmp_path, SlowLoss(), epochs=3, batchSize=8).fit(
+    # slow steps: the fit (3 x 87 steps of 20 ms, over 5 s) outlasts the attack (1.5 s from
+    # the channel's opening)
+    with caplog.at_level(logging.DEBUG):
+        model = estimator(shared, SlowLoss(0.02), epochs=3, batchSize=8).fit(
             digits_df(spark_local))
     thread.join(30)
     assert done.is_set()
     assert found["channel"].rejected >= 2
     # batches of 8: the plan's steps per epoch (row groups decide how the rows fall to ranks)
-    run = json.loads((tmp_path / "store" / "runs" / model.run_id / "run.json").read_text())
+    run = json.loads((shared / "store" / "runs" / model.run_id / "run.json").read_text())
     assert 4 * STEPS <= run["steps_per_epoch"] <= 4 * STEPS + 3
     assert_complete(model, 3, steps=run["steps_per_epoch"])
     captured = capfd.readouterr()
@@ -312,10 +334,10 @@ def test_channel_rejects_intruders_and_training_goes_on(spark_local, tmp_path, c
 
 
 @pytest.mark.timeout(300)
-def test_a_hang_is_retried_once(spark_local, tmp_path):
+def test_a_hang_is_retried_once(spark_local, shared, tmp_path):
     loss = FailingLoss(str(tmp_path / "marker"), at_step=5, how="hang", always=True)
     with pytest.raises(TrainingFailedError) as info:
-        estimator(tmp_path, loss, watchdogTimeout=3.0, maxRestarts=5).fit(
+        estimator(shared, loss, watchdogTimeout=3.0, maxRestarts=5).fit(
             digits_df(spark_local))
     assert info.value.attempts == 2
     assert str(info.value).startswith("watchdog: no progress for 3s; likely cause: rank 1")
