@@ -305,9 +305,13 @@ def test_a_store_that_fills_up_during_materialization_names_the_file_and_keeps_n
 
 
 def hold_slots(spark, group: str, seconds: float) -> None:
+    """A job of this application that holds both slots for ``seconds``. Its tasks sleep in
+    the JVM (Thread.sleep through reflect), not in Python workers: the cancel interrupts the
+    sleep and kills no Python worker, so the run after it needs no fresh ones (~5 s)."""
     spark.sparkContext.setJobGroup(group, "holds every slot", interruptOnCancel=True)
     try:
-        spark.sparkContext.parallelize(range(2), 2).foreach(lambda _: time.sleep(seconds))
+        spark.range(0, 2, 1, 2).selectExpr(
+            f"reflect('java.lang.Thread', 'sleep', bigint({int(seconds * 1000)}))").collect()
     except Exception:  # noqa: BLE001 - cancelled below
         pass
 
