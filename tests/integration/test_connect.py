@@ -77,9 +77,77 @@ def test_torch_distributor_runs_functions_and_scripts_on_connect(spark_connect, 
     assert (tmp_path / "rank0").read_text() == (tmp_path / "rank1").read_text() == "ok"
 
 
+MISSING = """
+import sys
+sys.path.insert(0, {root!r})
+from pyspark.sql import SparkSession
+import sparkddl
+# a Connect server beside the suite's (another port), and a client of it
+server = (SparkSession.builder.master("local[2]")
+          .config("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin")
+          .config("spark.connect.grpc.binding.port", "15012").getOrCreate())
+spark = SparkSession.builder.remote("sc://localhost:15012").create()
+try:
+    sparkddl.run(len, [1], num_workers=2, spark=spark, timeout=120)
+except sparkddl.ClusterError as exc:
+    print("CLUSTER ERROR:", exc)
+spark.stop()
+server.stop()
+"""
+
+
+@pytest.fixture(scope="module")
+def server_without_sparkddl(tmp_path_factory):
+    """A Connect server whose executors run a Python that has pyspark, pyarrow and torch but
+    not sparkddl, and a client's sparkddl.run against it: a subprocess (another Spark driver),
+    started when first requested and left running. The offline test requests it to start it,
+    so that its start-up (a JVM, the executors' first Python worker) overlaps that test's
+    probes, which wait on a socket; the test after it waits for the outcome.
+    Yields (the executors' Python, a function returning (returncode, stdout, stderr))."""
+    import os
+    import subprocess
+    import sys
+    import sysconfig
+    import venv
+    from pathlib import Path
+
+    pytest.importorskip("grpc", reason="the Spark Connect client packages (extra 'connect') "
+                                       "are not installed")
+    tmp_path = tmp_path_factory.mktemp("without-sparkddl")
+    venv.create(tmp_path / "other", with_pip=False)
+    other = tmp_path / "other" / "bin" / "python"
+    purelib = subprocess.run([str(other), "-c", "import sysconfig; "
+                              "print(sysconfig.get_paths()['purelib'])"],
+                             capture_output=True, text=True, check=True).stdout.strip()
+    # the suite's packages, without processing their .pth files: sparkddl's editable
+    # install is one of those, so sparkddl alone is missing there
+    Path(purelib, "stack.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
+    root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYSPARK_PYTHON": str(other)}
+    for key in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE",
+                "PYTHONPATH"):
+        env.pop(key, None)  # set in this process by the suite (PYTHONPATH: the checkout)
+    out, err = tmp_path / "stdout", tmp_path / "stderr"  # files: a full pipe would block it
+    with open(out, "w") as stdout, open(err, "w") as stderr:
+        proc = subprocess.Popen([sys.executable, "-c", MISSING.format(root=root)], env=env,
+                                stdout=stdout, stderr=stderr, cwd=tmp_path)
+
+    def finished() -> tuple:
+        proc.wait(timeout=240)
+        return proc.returncode, out.read_text(), err.read_text()
+
+    try:
+        yield other, finished
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
 @pytest.mark.timeout(300)
 def test_executors_that_cannot_reach_the_client_run_offline(spark_connect, setting, capfd,
-                                                            caplog, tmp_path):
+                                                            caplog, tmp_path,
+                                                            server_without_sparkddl):
     """The channel's address is unreachable (TEST-NET): the probe finds out, the ranks
     rendezvous through Spark's allGather and everything they said arrives at the end."""
     setting("spark.sparkddl.channel.host", "192.0.2.1")  # nobody answers there
@@ -90,6 +158,9 @@ def test_executors_that_cannot_reach_the_client_run_offline(spark_connect, setti
     assert len(said) == 1 and "192.0.2.1" in said[0]  # said once per session
     out = capfd.readouterr().out
     assert "[rank 1] rank 1 reduced 3.0" in out and "[rank 0] rank 0 reduced 6.0" in out
+    # forced: no probe at all (where nothing answers, each probe above waits out its 5 s
+    # connect timeout); the stages are offline as after a probe: the failures take that path
+    setting("spark.sparkddl.channel.reachable", "false")
     started = time.monotonic()
     with pytest.raises(TrainingFailedError) as info:  # Spark's own error names the rank
         sparkddl.run(fails_on_rank_1, num_workers=2, spark=spark_connect)
@@ -97,7 +168,6 @@ def test_executors_that_cannot_reach_the_client_run_offline(spark_connect, setti
     assert time.monotonic() - started < 60
     with pytest.raises(TrainingFailedError, match="ValueError: rank 0 cannot go on"):
         sparkddl.run(fails_on_rank_1, 0, num_workers=2, spark=spark_connect)  # the store host
-    setting("spark.sparkddl.channel.reachable", "false")  # forced: no probe at all
     assert sparkddl.run(allreduce_sum, 1.5, num_workers=2, spark=spark_connect) == 4.5
     x, y = _arrays()
     df = spark_connect.createDataFrame([(r.tolist(), int(v)) for r, v in zip(x, y)],
@@ -110,6 +180,20 @@ def test_executors_that_cannot_reach_the_client_run_offline(spark_connect, setti
     assert [r["epoch"] for r in model.history] == [1, 2, 3, 4]
     assert all("val_loss" in r and "train_loss" in r for r in model.history)
     assert model.history[-1]["val_accuracy"] > 0.8
+
+
+@pytest.mark.timeout(300)
+def test_executors_without_sparkddl_are_a_clear_error(spark_connect, server_without_sparkddl):
+    """A Connect server whose executors run a Python that has pyspark, pyarrow and torch
+    but not sparkddl (a cluster where only the client installed it): the one-task check
+    before training names the missing package, the executors' Python and the fix."""
+    other, finished = server_without_sparkddl
+    returncode, stdout, stderr = finished()
+    out = stdout[-2000:] + stderr[-2000:]
+    assert returncode == 0, out
+    assert f"CLUSTER ERROR: the executors' Python ({other}, Python" in stdout, out
+    assert "cannot import sparkddl (ModuleNotFoundError" in stdout, out
+    assert "PYSPARK_PYTHON" in stdout and "Connect server" in stdout, out
 
 
 def test_bad_input_on_connect_fails_on_the_client(spark_connect, tmp_path):
@@ -216,56 +300,3 @@ def test_the_jobs_train_and_evaluate_on_connect(spark_connect, tmp_path, capsys,
     assert metrics["accuracy"] >= 0.85 and (run / "model" / "weights.pt").is_file()
     assert main(["evaluate", PRESET, *outputs(tmp_path)]) == 0  # TorchModel.load on Connect
     assert f"held-out accuracy           {metrics['accuracy']:.4f}" in capsys.readouterr().out
-
-
-MISSING = """
-import sys
-sys.path.insert(0, {root!r})
-from pyspark.sql import SparkSession
-import sparkddl
-# a Connect server beside the suite's (another port), and a client of it
-server = (SparkSession.builder.master("local[2]")
-          .config("spark.plugins", "org.apache.spark.sql.connect.SparkConnectPlugin")
-          .config("spark.connect.grpc.binding.port", "15012").getOrCreate())
-spark = SparkSession.builder.remote("sc://localhost:15012").create()
-try:
-    sparkddl.run(len, [1], num_workers=2, spark=spark, timeout=120)
-except sparkddl.ClusterError as exc:
-    print("CLUSTER ERROR:", exc)
-spark.stop()
-server.stop()
-"""
-
-
-@pytest.mark.timeout(300)
-def test_executors_without_sparkddl_are_a_clear_error(spark_connect, tmp_path):
-    """A Connect server whose executors run a Python that has pyspark, pyarrow and torch
-    but not sparkddl (a cluster where only the client installed it): the one-task check
-    before training names the missing package, the executors' Python and the fix."""
-    import os
-    import subprocess
-    import sys
-    import sysconfig
-    import venv
-    from pathlib import Path
-
-    venv.create(tmp_path / "other", with_pip=False)
-    other = tmp_path / "other" / "bin" / "python"
-    purelib = subprocess.run([str(other), "-c", "import sysconfig; "
-                              "print(sysconfig.get_paths()['purelib'])"],
-                             capture_output=True, text=True, check=True).stdout.strip()
-    # the suite's packages, without processing their .pth files: sparkddl's editable
-    # install is one of those, so sparkddl alone is missing there
-    Path(purelib, "stack.pth").write_text(sysconfig.get_paths()["purelib"] + "\n")
-    root = str(Path(__file__).resolve().parents[2])
-    env = {**os.environ, "PYSPARK_PYTHON": str(other)}
-    for key in ("SPARK_REMOTE", "SPARK_CONNECT_MODE_ENABLED", "SPARK_LOCAL_REMOTE",
-                "PYTHONPATH"):
-        env.pop(key, None)  # set in this process by the suite (PYTHONPATH: the checkout)
-    done = subprocess.run([sys.executable, "-c", MISSING.format(root=root)], env=env,
-                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
-    out = done.stdout[-2000:] + done.stderr[-2000:]
-    assert done.returncode == 0, out
-    assert f"CLUSTER ERROR: the executors' Python ({other}, Python" in done.stdout, out
-    assert "cannot import sparkddl (ModuleNotFoundError" in done.stdout, out
-    assert "PYSPARK_PYTHON" in done.stdout and "Connect server" in done.stdout, out
