@@ -169,11 +169,11 @@ class HangingModel:
 @pytest.mark.timeout(300)
 def test_watchdog_catches_a_rank_stuck_before_its_first_step(spark_local, shared, tmp_path):
     model = estimator(shared, "cross_entropy", model=HangingModel(str(tmp_path / "marker")),
-                      watchdogTimeout=3.0).fit(digits_df(spark_local))
+                      watchdogTimeout=4.0).fit(digits_df(spark_local))
     assert_complete(model)
     [restart] = model.restarts
     # rank 0 waits for rank 1 in DDP's first broadcast: only rank 1 is named as the cause
-    assert restart["reason"].startswith("watchdog: no progress for 3s; likely cause: rank 1 "
+    assert restart["reason"].startswith("watchdog: no progress for 4s; likely cause: rank 1 "
                                         "at step 0 (building the model), not inside a "
                                         "collective")
     assert "rank 0" not in restart["reason"]
@@ -196,7 +196,7 @@ def test_a_failure_that_repeats_ends_the_fit_at_its_first_repeat(spark_local, sh
 def test_watchdog_turns_a_stuck_rank_into_a_restart(spark_local, shared, tmp_path, caplog):
     loss = FailingLoss(str(tmp_path / "marker"), at_step=20, how="hang")
     with caplog.at_level(logging.WARNING, logger="sparkddl.launch.stage"):
-        model = estimator(shared, loss, watchdogTimeout=3.0).fit(digits_df(spark_local))
+        model = estimator(shared, loss, watchdogTimeout=4.0).fit(digits_df(spark_local))
     # the report carries the stuck rank's Python stack: where it is, not only its phase
     [report] = [r.getMessage() for r in caplog.records
                 if r.name == "sparkddl.launch.stage" and "watchdog" in r.getMessage()]
@@ -206,7 +206,7 @@ def test_watchdog_turns_a_stuck_rank_into_a_restart(spark_local, shared, tmp_pat
     assert len(model.restarts) == 1, model.restarts
     [restart] = model.restarts
     # rank 0 waits in DDP's allreduce inside backward; rank 1 hangs in its loss
-    assert restart["reason"].startswith("watchdog: no progress for 3s; likely cause: rank 1 "
+    assert restart["reason"].startswith("watchdog: no progress for 4s; likely cause: rank 1 "
                                         "at step 19 (computing the loss, epoch 1 step 20), "
                                         "not inside a collective")
     assert "rank 0" not in restart["reason"]
