@@ -23,7 +23,9 @@ fi
 command -v java >/dev/null || { echo "Spark needs Java 17 (java not found on PATH)" >&2; exit 1; }
 echo "setting up $venv (pinned stack from $(basename "$constraints"))" >&2
 [ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
-quiet() { grep -v -E "is ignored: it is neither|dependency resolver does not|requires setuptools>=77" || true; }
+# (a refresh of an existing venv: torch's install first lifts setuptools past petastorm's <70,
+# which the pinned set's install right after puts back to 69.5.1)
+quiet() { grep -v -E "is ignored: it is neither|dependency resolver does not|requires setuptools(>=77|<70)" || true; }
 pip=("$venv/bin/python" -m pip install -q --disable-pip-version-check)
 # torch first and pinned: an unpinned torch pulls a multi-GB CUDA build
 "${pip[@]}" "$(grep -E '^torch==' "$constraints")" 2>&1 | quiet
