@@ -152,7 +152,8 @@ def _hard_time_limit(request):
 def _free_disk() -> str:
     import shutil
     import tempfile
-    return ", ".join(f"{where} {shutil.disk_usage(where).free / 2**30:.1f} GiB"
+    return ", ".join(f"{where} {shutil.disk_usage(where).free / 2**30:.1f} GiB "
+                     f"({os.statvfs(where).f_favail:,} inodes)"
                      for where in dict.fromkeys([tempfile.gettempdir(), str(ROOT)]))
 
 
