@@ -29,13 +29,15 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 # The JVMs of the suite (the shared sessions' drivers and executors, every spark-submit a test
 # starts) live seconds to minutes on tiny data: C1 alone and the serial collector cost them less
 # CPU than C2's compiles and G1's threads on this 2-core machine (a cold session and three
-# small fits: 33-36 s against 38-42). Flags of the JVM, not Spark settings: no behaviour under
-# test changes. SPARK_SUBMIT_OPTS reaches every driver JVM spark-submit launches, pyspark's
-# own included (the docs' pages inherit it too: a compile flag, not something a reader sets);
-# executors get spark.executor.extraJavaOptions
+# small fits: 33-36 s against 38-42). Flags of the JVM, not Spark settings; the test of running
+# out of heap drops them (the serial collector fits more in a small heap than G1).
+# SPARK_SUBMIT_OPTS reaches every driver JVM spark-submit launches, pyspark's own included
+# (the docs' pages inherit it: JVM tuning that no page's code sees); executors get
+# spark.executor.extraJavaOptions
 FAST_JVM = "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"
 if FAST_JVM not in os.environ.get("SPARK_SUBMIT_OPTS", ""):
-    os.environ["SPARK_SUBMIT_OPTS"] = f"{os.environ.get('SPARK_SUBMIT_OPTS', '')} {FAST_JVM}".strip()
+    os.environ["SPARK_SUBMIT_OPTS"] = \
+        f"{os.environ.get('SPARK_SUBMIT_OPTS', '')} {FAST_JVM}".strip()
 
 _state: dict = {"master": None, "session": None}
 
