@@ -1,10 +1,9 @@
-"""The installed stack is one of the three tested stacks, pinned exactly, and imports
-together; the package's declared ranges admit what GPU images ship.
+"""The installed stack is one of the tested stacks, pinned exactly, and imports together;
+the package's declared ranges admit what the platforms ship.
 
-pyarrow and torch tell the stacks apart: Petastorm needs pyarrow < 15, so the stack with it
-(constraints.txt) has pyarrow 14; the current stack (constraints-current.txt) has pyarrow
->= 18 and no Petastorm (sparkddl reads with pyarrow.parquet there); the oldest stack
-(constraints-oldest.txt) is the current one with the oldest torch admitted, 2.4.
+Each stack is a constraints file named after the platform it mirrors (constraints.txt: the
+Petastorm stack; constraints-<stack>.txt: the others); its header names its Python and its
+core, the platform's own versions. The installed stack is the one whose core is installed.
 """
 from __future__ import annotations
 
@@ -15,20 +14,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-PETASTORM_STACK = int(md.version("pyarrow").split(".")[0]) < 15
-TORCH = md.version("torch").split("+")[0]  # the CPU wheel is 2.13.0+cpu, 2.4.1 +cu121
-OLDEST_STACK = tuple(int(p) for p in TORCH.split(".")[:2]) < (2, 13)
-CONSTRAINTS = ROOT / ("constraints.txt" if PETASTORM_STACK else
-                      "constraints-oldest.txt" if OLDEST_STACK else "constraints-current.txt")
-CORE = ["pyspark", "pyarrow", "numpy", "pandas", "torch", "setuptools"] + \
-    (["petastorm"] if PETASTORM_STACK else [])
-only_with_petastorm = pytest.mark.skipif(
-    not PETASTORM_STACK, reason="the current stack (pyarrow >= 15) has no Petastorm")
+CORE = ["pyspark", "pyarrow", "numpy", "pandas", "torch"]
 
 
-def pins() -> dict[str, str]:
+def read_pins(path: Path) -> dict[str, str]:
     out = {}
-    for line in CONSTRAINTS.read_text().splitlines():
+    for line in path.read_text().splitlines():
         line = line.split("#", 1)[0].strip()
         if "==" in line:
             name, version = line.split("==", 1)
@@ -36,33 +27,74 @@ def pins() -> dict[str, str]:
     return out
 
 
+def header(path: Path, key: str) -> str:
+    for line in path.read_text().splitlines():
+        if line.startswith(f"# {key}:"):
+            return line.split(":", 1)[1].strip()
+    return ""
+
+
+def installed(package: str) -> str:
+    return md.version(package).split("+")[0]  # torch's CPU wheel is 2.13.0+cpu
+
+
+def _this_stack() -> Path | None:
+    python = "%d.%d" % sys.version_info[:2]
+    for path in sorted(ROOT.glob("constraints*.txt")):
+        pins = read_pins(path)
+        if header(path, "core") and header(path, "python") == python and \
+                all(pins.get(p) == installed(p) for p in CORE):
+            return path
+    return None
+
+
+STACK = _this_stack()
+PETASTORM_STACK = STACK is not None and STACK.name == "constraints.txt"
+only_with_petastorm = pytest.mark.skipif(
+    not PETASTORM_STACK, reason="only the Petastorm stack (constraints.txt) has Petastorm")
+
+
+def pins() -> dict[str, str]:
+    assert STACK is not None
+    return read_pins(STACK)
+
+
 def major_minor(version: str) -> tuple[int, int]:
     major, minor = version.split(".")[:2]
     return int(major), int(minor)
 
 
-def test_python_is_3_11():
-    assert sys.version_info[:2] == (3, 11)
+def test_this_environment_is_one_of_the_tested_stacks():
+    python = "%d.%d" % sys.version_info[:2]
+    assert STACK is not None, (
+        f"Python {python} with " + ", ".join(f"{p} {installed(p)}" for p in CORE) +
+        " is no stack's core (constraints*.txt); build the venv with `make venv STACK=...`")
 
 
-@pytest.mark.parametrize("package", CORE)
+@pytest.mark.parametrize("package", CORE + ["setuptools"] + (["petastorm"] if PETASTORM_STACK
+                                                            else []))
 def test_core_package_matches_its_pin(package):
-    installed = md.version(package).split("+")[0]  # torch's CPU wheel is 2.13.0+cpu
-    assert installed == pins()[package]
+    assert installed(package) == pins()[package.lower()]
 
 
-def test_stack_constraints_hold():
+def test_the_core_of_the_header_is_what_is_pinned():
+    """The header's core (the platform's versions) is what the lock holds: a relock that let
+    pip move one of them would no longer mirror the platform."""
+    assert STACK is not None
+    for spec in header(STACK, "core").split():
+        name, version = spec.split("==")
+        assert pins()[name] == version, f"{STACK.name}: {name}"
+
+
+def test_petastorm_stack_constraints_hold():
     v = pins()
-    assert v["torch"] == ("2.4.1" if OLDEST_STACK else "2.13.0")
     if PETASTORM_STACK:
         assert v["pyspark"].startswith("4.0.") and v["pyarrow"] == "14.0.2"
         assert v["numpy"].startswith("1.26.") and v["pandas"].startswith("2.2.")
         assert v["petastorm"] == "0.13.1" and int(v["setuptools"].split(".")[0]) < 70
     else:
-        assert (4, 1) <= major_minor(v["pyspark"]) < (5, 0)
-        assert major_minor(v["pyarrow"]) >= (18, 0)
-        assert v["numpy"].startswith("2.") and v["pandas"].startswith("2.")
         assert "petastorm" not in v
+        assert major_minor(v["pyarrow"]) >= (15, 0)
 
 
 def test_everything_imports_together():
@@ -102,19 +134,41 @@ def _requirement(name: str) -> str:
     return found[0]
 
 
-@pytest.mark.parametrize("package, version", [
-    # a GPU image (the H100 machine of the GPU issue) and the ends of the tested range
-    ("torch", "2.11.0"), ("torch", "2.4.0"), ("torch", "2.13.0"),
-    ("numpy", "2.5.0"), ("pandas", "3.0.0"), ("pyarrow", "25.0.0"), ("pyspark", "4.0.5")])
-def test_installed_metadata_admits_what_gpu_images_ship(package, version):
+PLATFORMS = {  # what each platform ships (docs/reference/stacks.md)
+    "Databricks Runtime 16.4 LTS ML": dict(pyspark="3.5.2", torch="2.6.0", numpy="1.26.4",
+                                           pandas="1.5.3", pyarrow="15.0.2"),
+    "Databricks Runtime 17.3 LTS ML": dict(pyspark="4.0.0", torch="2.7.0", numpy="2.1.3",
+                                           pandas="2.2.3", pyarrow="19.0.1"),
+    "Amazon EMR 7.13": dict(pyspark="3.5.6"), "Dataproc 2.2": dict(pyspark="3.5.1"),
+    "Microsoft Fabric 2.0": dict(pyspark="4.1.1"),
+    "a GPU image (the H100 machine of the GPU issue)": dict(torch="2.11.0"),
+    "the newest": dict(numpy="2.5.0", pandas="3.0.0", pyarrow="25.0.0"),
+}
+
+
+@pytest.mark.parametrize("platform", sorted(PLATFORMS))
+def test_installed_metadata_admits_what_the_platforms_ship(platform):
     """Read from the installed package's metadata (what pip checks), not from setup.cfg:
-    ``pip install sparkddl`` must keep the CUDA torch and the libraries already there."""
-    assert _admits(_requirement(package), version)
+    ``pip install sparkddl`` must keep the runtime's Spark, torch and libraries as they are."""
+    for package, version in PLATFORMS[platform].items():
+        assert _admits(_requirement(package), version), f"{platform}: {package} {version}"
 
 
-def test_installed_metadata_bounds_torch_to_the_tested_range():
-    assert not _admits(_requirement("torch"), "2.3.1")
+def test_installed_metadata_bounds_torch_and_spark_to_the_tested_range():
+    assert not _admits(_requirement("torch"), "2.5.1")  # no tested stack has it
     assert not _admits(_requirement("torch"), "2.14.0")
+    assert not _admits(_requirement("pyspark"), "3.4.4")
+    assert not _admits(_requirement("pyspark"), "5.0.0")
+
+
+def test_python_3_12_gets_distutils_for_spark_3_5():
+    """pyspark 3.5's Arrow conversions import distutils, which only setuptools provides on
+    Python 3.12 and later."""
+    from packaging.requirements import Requirement
+    found = [Requirement(r) for r in md.requires("sparkddl") or []
+             if Requirement(r).name == "setuptools"]
+    assert found and found[0].marker.evaluate({"python_version": "3.12"})
+    assert not found[0].marker.evaluate({"python_version": "3.11"})
 
 
 @pytest.mark.parametrize("python, admitted", [
