@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import time
 from typing import Any
 
-from pyspark.ml.util import DefaultParamsReader, DefaultParamsWriter, MLReader, MLWriter
+from pyspark.ml.util import DefaultParamsReader, MLReader, MLWriter
 
 from sparkddl.export import program as exported
 from sparkddl.checkpoint.safe import load_plain
@@ -37,7 +39,7 @@ def _metadata(path: str, spark: Any) -> dict[str, Any]:
                          "Give the path passed to model.save() / model.write().save(), as "
                          "this driver sees it")
     try:
-        meta = DefaultParamsReader.loadMetadata(path, spark)
+        meta = json.loads(spark.read.text(os.path.join(path, "metadata")).first()[0])
     except Exception as exc:  # noqa: BLE001 - JSONDecodeError, Hadoop's ChecksumException, ...
         raise StoreError(f"cannot load a TorchModel from {path}: its metadata/ cannot be read "
                          f"as the JSON model.save() writes ({_cause(exc)}); save the model "
@@ -48,6 +50,19 @@ def _metadata(path: str, spark: Any) -> dict[str, Any]:
                          f"{', '.join(missing)}, which model.save() writes; it was edited or "
                          "written by something else: save the model again")
     return meta
+
+
+def _write_metadata(m: Any, spark: Any, path: str, extra: dict[str, Any]) -> None:
+    """The Spark ML metadata, one JSON line in metadata/ as pyspark.ml's DefaultParamsWriter
+    writes it (so pyspark's readers read it), written through the DataFrame API on every
+    Spark: pyspark 3.5's writer asks a SparkContext to parallelize it, and a Spark Connect
+    client has none."""
+    meta = {"class": f"{type(m).__module__}.{type(m).__name__}",
+            "timestamp": int(round(time.time() * 1000)), "sparkVersion": spark.version,
+            "uid": m.uid, "paramMap": {p.name: v for p, v in m._paramMap.items()},
+            "defaultParamMap": {p.name: v for p, v in m._defaultParamMap.items()}, **extra}
+    (spark.createDataFrame([(json.dumps(meta, separators=(",", ":")),)], "value string")
+     .coalesce(1).write.text(os.path.join(path, "metadata")))
 
 
 def _cause(exc: BaseException) -> str:
@@ -108,7 +123,7 @@ class ModelWriter(MLWriter):
                  "transform": architecture.describe_function(m._transform_fn)
                  if m._transform_fn is not None else None,
                  "input_columns": m._input_columns}
-        DefaultParamsWriter.saveMetadata(m, path, self.sparkSession, extraMetadata=extra)
+        _write_metadata(m, self.sparkSession, path, extra)
         store = _qualified(self.sparkSession, path)
         buf = io.BytesIO()
         torch.save(m._state, buf)
