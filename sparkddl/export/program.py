@@ -88,7 +88,9 @@ def export(module: Any, inputs: tuple[InputSpec, ...]) -> Program:
         raise ExportFailed(f"torch {torch.__version__} has no torch.export ({exc})") from exc
     examples = tuple(torch.from_numpy(np.zeros((EXAMPLE_ROWS, *s.shape), dtype=s.dtype))
                      for s in inputs)
-    batch = Dim("batch")
+    # bounded below sys.maxsize: torch 2.7 guards recurrent layers' batch against it
+    # ("Constraints violated (batch)") where the default range reaches it
+    batch = Dim("batch", max=2**31 - 1)
     was_training = module.training
     module.eval()
     try:

@@ -86,7 +86,7 @@ class Branchy(torch.nn.Module):
 def test_data_dependent_control_flow_is_not_exportable_and_says_why():
     with pytest.raises(exported.ExportFailed) as info:
         exported.export(Branchy(), SPECS)
-    assert re.search("data-dependent|control flow", str(info.value))  # torch 2.13 | 2.4
+    assert re.search("data-dependent|control flow", str(info.value), re.I)  # 2.13, 2.7 | 2.4
     assert len(str(info.value)) <= 600
     with pytest.raises(exported.ExportFailed, match="input shapes are unknown"):
         exported.export(_net(), ())

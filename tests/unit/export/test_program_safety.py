@@ -31,8 +31,10 @@ def test_the_payloads_run_when_torch_reads_the_file_as_it_is(tmp_path):
     marker = tmp_path / "payload-ran"
     graph = tampered("mlp", lambda d: put(first_input(d)["sizes"][0]["as_expr"],
                                           "expr_str", f"{code(marker)} or s0"))
-    with pytest.raises(Exception):
+    try:  # torch 2.13 then fails on what the payload returned; 2.7 goes on
         load_as_read("mlp", graph, trusted=True)
+    except Exception:  # noqa: BLE001 - whatever torch makes of it, the payload ran first
+        pass
     assert marker.exists()  # sympify ran it
     marker.unlink()
     module, program = exported_model("mlp")
