@@ -291,10 +291,16 @@ def torch_optimizer(optimizer: Any) -> Any:
 
 
 def _fully_shard_api() -> tuple[Callable[..., Any] | None, bool]:
-    """(fully_shard or None, whether it runs on CPU devices)."""
+    """(fully_shard or None, whether it trains right on CPU devices). On CPU (gloo), torch
+    2.7's reduce-scatter sums the ranks' gradients without averaging them (two ranks train
+    with twice the gradient: seen on the Databricks 17.3 LTS ML stack); 2.13's averages them.
+    The versions between are not checked, so CPU models need 2.13."""
+    import torch
+
     try:
         from torch.distributed.fsdp import fully_shard
-        return fully_shard, True
+        release = tuple(int(p) for p in torch.__version__.split("+")[0].split(".")[:2])
+        return fully_shard, release >= (2, 13)
     except ImportError:
         pass
     try:
@@ -313,9 +319,8 @@ def fsdp_problem(device_type: str | None = None) -> str | None:
         return (f"needs FSDP2 (fully_shard), which torch {torch.__version__} does not have; "
                 "install torch >= 2.6 (checked on 2.13), or >= 2.4 for CUDA models only")
     if device_type is not None and device_type != "cuda" and not on_cpu:
-        return (f"runs on CUDA only with torch {torch.__version__}, whose FSDP2 "
-                f"(torch.distributed._composable.fsdp) needs CUDA streams, but the model is "
-                f"on {device_type}; install torch >= 2.6, whose "
-                "torch.distributed.fsdp.fully_shard also runs on CPU (checked on 2.13), or "
-                "train on GPUs")
+        return (f"runs on CUDA only with torch {torch.__version__}, but the model is on "
+                f"{device_type}: on CPU, FSDP2 before torch 2.13 needs CUDA streams (before "
+                "2.6) or sums the ranks' gradients without averaging them (seen on 2.7); "
+                "install torch >= 2.13 (checked), use strategy='allreduce', or train on GPUs")
     return None
