@@ -1,9 +1,10 @@
 # One entry point. Every target sets up its virtualenv itself (scripts/venv.sh: a no-op when
-# nothing changed). Three tested stacks: constraints.txt (.venv, with Petastorm),
-# constraints-current.txt (.venv-current: newest pyspark 4.x, pyarrow >= 18, numpy 2) and
-# constraints-oldest.txt (.venv-oldest: the current stack with torch 2.4.1, the oldest admitted).
-VENV ?= .venv
-CONSTRAINTS ?= constraints.txt
+# nothing changed). The tested stacks are constraints files named after the platforms they
+# mirror (docs/reference/stacks.md): constraints.txt is the Petastorm stack (.venv, Python 3.11,
+# pyspark 4.0, pyarrow 14), and STACK=name picks constraints-NAME.txt and .venv-NAME instead.
+STACK ?=
+VENV ?= $(if $(STACK),.venv-$(STACK),.venv)
+CONSTRAINTS ?= $(if $(STACK),constraints-$(STACK).txt,constraints.txt)
 PY := $(abspath $(VENV))/bin/python
 # executors must run the venv's Python or they will not find the packages
 export PYSPARK_PYTHON := $(PY)
@@ -11,35 +12,32 @@ export PYSPARK_DRIVER_PYTHON := $(PY)
 # local runs stay on loopback
 export SPARK_LOCAL_IP ?= 127.0.0.1
 PYTEST_ARGS ?=
-# The pinned stack runs the whole suite. The other two differ from it in a few packages, and
-# run only the tests whose code paths depend on those (a path already proven on the pinned
-# stack is not run again on the same code).
-# current: pyspark 4.3, pyarrow 26, numpy 2, pandas 2.3, no Petastorm (the Arrow reader); the
-# same torch and MLflow as pinned, so no strategy, export, channel, Horovod-API or tracking
-# tests. The estimator's and TorchDistributor's paths run here through the first hour's docs
-# examples (fit, transform; pyspark's and sparkddl's TorchDistributor) and the notebook
-CURRENT_TESTS ?= tests/unit/data tests/unit/ml tests/unit/session tests/unit/launch \
-	tests/unit/store tests/unit/cli tests/unit/checkpoint tests/unit/train \
-	tests/unit/test_stack.py tests/unit/test_imports.py \
-	tests/integration/test_run.py tests/integration/test_data.py \
-	tests/integration/test_stack.py tests/integration/test_inplace.py \
-	tests/integration/test_connect.py tests/integration/test_raw_columns.py \
-	tests/integration/test_lakehouse.py tests/integration/test_notebook.py \
-	tests/integration/test_first_fit.py $(CURRENT_DOCS)
-# the docs' examples of a newcomer's first hour (every page runs on the pinned stack)
-CURRENT_DOCS ?= $(foreach page,README.md docs/getting-started.md \
-	docs/migrate/torchdistributor.md docs/migrate/petastorm.md,\
+# Every stack but the Petastorm one: Spark 3.5 on Databricks 16.4 LTS ML (Python 3.12, pandas
+# 1.5.3, pyarrow 15, torch 2.6) and EMR 7 (Python 3.11, numpy 1.26); Spark 4.0 on Databricks
+# 17.3 LTS ML (Python 3.12, torch 2.7); Spark 4.1 on Fabric 2.0 (Python 3.13); the newest
+# pyspark, pyarrow, numpy and pandas on Python 3.11 (current)
+STACKS ?= dbr-16.4-ml emr-7 dbr-17.3-ml fabric-2.0 current
+# The version tier: the tests whose code paths differ between the stacks (Spark 3.5 and 4.x,
+# Python 3.10-3.13, pandas 1.5-2.x, numpy 1 and 2, pyarrow, torch 2.6-2.13), run on every
+# stack but the Petastorm one, which runs the whole suite: the stack check; the Spark seam
+# (sessions, the calls it makes, pyspark.ml persistence); conversions between Spark, Arrow,
+# pandas, numpy and torch (the data plane's unit tests, the raw-columns path); the lakehouse
+# readers (Delta, Iceberg); torch's APIs (the training step, the strategies, torch.export);
+# Spark Connect; `run`, the TorchDistributor drop-in and the first-fit example through Spark
+VERSION_TESTS ?= tests/unit/test_stack.py tests/unit/session tests/unit/data tests/unit/train \
+	tests/unit/export tests/unit/ml tests/unit/strategies/test_ssp.py \
+	tests/unit/strategies/test_fsdp.py tests/unit/strategies/test_compression.py \
+	$(foreach t,test_allreduce_sums_over_ranks test_unmodified_torchrun_function_trains_ddp \
+	test_failing_rank_surfaces_with_its_traceback,"tests/integration/test_run.py::$(t)[local]") \
+	tests/integration/test_raw_columns.py tests/integration/test_lakehouse.py \
+	tests/integration/test_estimator.py::test_pipeline_fit_save_load_gives_identical_predictions \
+	tests/integration/test_connect.py tests/integration/test_first_fit.py $(TIER_DOCS)
+# the docs' examples of a newcomer's first hour (every page runs on the Petastorm stack)
+TIER_DOCS ?= $(foreach page,README.md docs/migrate/torchdistributor.md,\
 	"tests/integration/test_docs_examples.py::test_the_examples_run_as_written[$(page)]") \
 	tests/integration/test_docs_examples.py::test_the_process_that_ran_the_pages_ended_cleanly
-# oldest: the current stack with torch 2.4.1, so the tests of what touches torch's APIs: the
-# strategies, the training step, the ranks' process groups, torch.export, Horovod's API, and
-# the runner and every strategy through Spark (each a TorchEstimator fit)
-OLDEST_TESTS ?= tests/unit/strategies tests/unit/train tests/unit/task tests/unit/horovod \
-	tests/unit/export tests/unit/checkpoint tests/unit/channel tests/unit/ml \
-	tests/unit/test_stack.py \
-	tests/integration/test_run.py tests/integration/test_strategies_spark.py
 
-.PHONY: venv venvs venv-current venv-oldest run test test-all test-pinned test-current pytest-current test-oldest pytest-oldest \
+.PHONY: venv venvs run test test-ci test-all test-pinned test-tiers test-stack test-stack-full \
 	test-fast bench bench-peers bench-env plan clean docs docs-build docs-venv docs-serve wheel
 
 venv:
@@ -48,26 +46,38 @@ venv:
 run: venv
 	$(VENV)/bin/sparkddl train conf/digits.toml
 
-# the README's test command: the docs built with --strict and the whole suite on the pinned
+# the README's test command: the docs built with --strict and the whole suite on the Petastorm
 # stack (the README's, the docs' and the notebook's examples included)
 test: docs-build test-pinned
 
-# what CI runs (.ci/run): `make test`, then the current and the oldest stacks, each virtualenv
-# built right before its tests. Not `venvs` first: that saved 226 s from a fresh clone, but it
-# puts all four virtualenvs (about 12 GB, 6.5 of them the oldest stack's CUDA torch 2.4.1)
-# on disk while the pinned suite runs, and CI's run of it failed mid-suite: from one test on,
-# every test that needed a temporary folder errored (the disk full, by every sign)
-test-all: test test-current test-oldest
+# what CI runs (.ci/run): `make test`, then the version tier on every other stack, each
+# virtualenv built right before its tests (all of them at once would put about 25 GB on disk
+# while the suite runs)
+test-ci: test test-tiers
 
-# every virtualenv at once (about 12 GB): mostly downloads and unpacking, which overlap
+# the whole suite on every stack: what a change to a dependency, a constraints file or the
+# version seam (sparkddl/session/versions.py) passes before it lands
+test-all: test
+	@set -e; for s in $(STACKS); do $(MAKE) --no-print-directory test-stack-full STACK=$$s; done
+
+test-tiers:
+	@set -e; for s in $(STACKS); do $(MAKE) --no-print-directory test-stack STACK=$$s; done
+
+# one stack: `make test-stack STACK=emr-7` (the version tier), `make test-stack-full STACK=emr-7`
+test-stack: venv
+	@echo "== stack $(or $(STACK),petastorm): the version tier =="
+	$(PY) -m pytest $(VERSION_TESTS) $(PYTEST_ARGS)
+
+test-stack-full: venv
+	@echo "== stack $(or $(STACK),petastorm): the whole suite =="
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+# every virtualenv at once (about 25 GB): mostly downloads and unpacking, which overlap
 venvs:
-	@$(MAKE) --no-print-directory -j4 venv venv-current venv-oldest docs-venv
+	@$(MAKE) --no-print-directory -j3 venv docs-venv $(addprefix venv-,$(STACKS))
 
-venv-current:
-	@$(MAKE) --no-print-directory VENV=.venv-current CONSTRAINTS=constraints-current.txt venv
-
-venv-oldest:
-	@$(MAKE) --no-print-directory VENV=.venv-oldest CONSTRAINTS=constraints-oldest.txt venv
+venv-%:
+	@$(MAKE) --no-print-directory venv STACK=$*
 
 # the documentation site (docs/, mkdocs.yml) in .venv-docs: built with --strict (a broken link
 # or reference fails), then checked in a headless Chromium (scripts/docs-check.sh)
@@ -86,28 +96,15 @@ docs-serve: docs-venv
 	NO_MKDOCS_2_WARNING=1 .venv-docs/bin/mkdocs serve
 
 # dist/sparkddl-<version>-py3-none-any.whl, the file to install on the driver and on every
-# executor (docs/install.md); built offline with the venv's setuptools, from a clean build/
-wheel: venv
+# executor (docs/install.md): pip's isolated build (setuptools and wheel from the registry), so
+# no virtualenv of the project is needed first
+wheel:
 	rm -rf build dist/sparkddl-*.whl
-	$(PY) -m pip wheel -q --no-deps --no-build-isolation -w dist .
+	python3 -m pip wheel -q --disable-pip-version-check --no-deps -w dist .
 	@ls dist/sparkddl-*.whl
 
 test-pinned: venv
 	$(PY) -m pytest $(PYTEST_ARGS)
-
-test-current:
-	@$(MAKE) --no-print-directory VENV=.venv-current CONSTRAINTS=constraints-current.txt \
-		pytest-current
-
-pytest-current: venv
-	$(PY) -m pytest $(CURRENT_TESTS) $(PYTEST_ARGS)
-
-test-oldest:
-	@$(MAKE) --no-print-directory VENV=.venv-oldest CONSTRAINTS=constraints-oldest.txt \
-		pytest-oldest
-
-pytest-oldest: venv
-	$(PY) -m pytest $(OLDEST_TESTS) $(PYTEST_ARGS)
 
 test-fast: venv
 	$(PY) -m pytest tests/unit $(PYTEST_ARGS)
@@ -137,4 +134,4 @@ plan: venv
 	$(VENV)/bin/sparkddl plan conf/digits.toml
 
 clean:
-	rm -rf .venv .venv-current .venv-oldest .venv-bench .venv-docs .pytest_cache runs site build dist
+	rm -rf .venv .venv-* .venv-docs .pytest_cache runs site build dist
