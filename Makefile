@@ -26,7 +26,7 @@ STACKS ?= dbr-16.4-ml emr-7 dbr-17.3-ml fabric-2.0 current
 # Spark Connect; `run`, the TorchDistributor drop-in and the first-fit example through Spark
 VERSION_TESTS ?= tests/unit/test_stack.py tests/unit/session tests/unit/data tests/unit/train \
 	tests/unit/export tests/unit/ml tests/unit/strategies/test_ssp.py \
-	tests/unit/strategies/test_fsdp.py tests/unit/strategies/test_compression.py \
+	tests/unit/strategies/test_fsdp.py \
 	$(foreach t,test_allreduce_sums_over_ranks test_unmodified_torchrun_function_trains_ddp \
 	test_failing_rank_surfaces_with_its_traceback,"tests/integration/test_run.py::$(t)[local]") \
 	tests/integration/test_raw_columns.py tests/integration/test_lakehouse.py \

@@ -40,11 +40,11 @@ else
   "${pip[@]}" --no-deps -r "$constraints" 2>&1 | quiet
 fi
 "${pip[@]}" --no-deps --no-build-isolation -e "$root" 2>&1 | quiet
-# the Petastorm stack must import it; the current stack (constraints-current.txt) has none
+# the Petastorm stack must import it; the other stacks have none
 imports="sparkddl, torch, pyspark, pyarrow.dataset"
 grep -q '^petastorm==' "$constraints" && imports="$imports, petastorm.reader"
 "$venv/bin/python" -c "import $imports" \
   || { echo "the virtualenv at $venv is broken; delete it and retry" >&2; exit 1; }
-# a venv inside the checkout (.venv-current) must never be committed
+# a venv inside the checkout (.venv-emr-7) must never be committed
 [ -f "$venv/.gitignore" ] || echo '*' > "$venv/.gitignore"
 echo "$want" > "$stamp"
