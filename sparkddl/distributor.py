@@ -62,19 +62,25 @@ class TorchDistributor:
 
     def _check_encryption(self) -> None:
         """torch.distributed traffic is not encrypted: with Spark's SSL on, refuse unless
-        the user says so (the same key as pyspark's, in the SparkContext's conf or set on
-        the session with ``spark.conf.set``)."""
-        conf = cluster_context(self.spark).getConf()
-        ignore = conf.get(self.ssl_conf, None)
-        try:
-            ignore = self.spark.conf.get(self.ssl_conf, ignore)
-        except Exception:  # noqa: BLE001 - a conf the session cannot give: the context's
-            pass
-        if conf.get("spark.ssl.enabled", "false").lower() == "true" and \
-                str(ignore or "false").lower() != "true":
+        the user says so (the same key as pyspark's). pyspark reads both keys through the
+        session (``spark.conf.set`` included), whose copy of a SparkContext setting changed
+        later can be stale: so SSL counts as on where either says so, and as ignored only
+        where every value set says so."""
+        ssl_on = "true" in self._conf("spark.ssl.enabled")
+        ignored = {v for v in self._conf(self.ssl_conf) if v} == {"true"}
+        if ssl_on and not ignored:
             raise ClusterError(
                 "spark.ssl.enabled is true, but the ranks' torch.distributed traffic is not "
                 f"encrypted; set {self.ssl_conf}=true to train anyway, on a network you trust")
+
+    def _conf(self, key: str) -> tuple[str, str]:
+        """(the session's value of ``key``, the SparkContext conf's), lower case, '' if unset."""
+        context = cluster_context(self.spark).getConf().get(key, None)
+        try:
+            session = self.spark.conf.get(key, None)
+        except Exception:  # noqa: BLE001 - a conf the session cannot give
+            session = None
+        return str(session or "").lower(), str(context or "").lower()
 
     def _check_driver_gpus(self) -> None:
         import torch

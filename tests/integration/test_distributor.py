@@ -195,6 +195,17 @@ def test_ignore_ssl_set_on_the_session_is_honoured(spark_local, conf):
         TorchDistributor(1, True, False)
 
 
+def test_ssl_enabled_on_the_session_is_refused_as_pyspark_refuses_it(spark_local):
+    """pyspark reads spark.ssl.enabled through the session: set there, it refuses too."""
+    spark_local.conf.set("spark.ssl.enabled", "true")
+    try:
+        with pytest.raises(RuntimeError, match="encrypted"):
+            TorchDistributor(1, True, False)
+    finally:
+        spark_local.conf.unset("spark.ssl.enabled")
+    TorchDistributor(1, True, False)  # unset again: no error
+
+
 def test_errors_speak_of_num_processes(spark_local):
     with pytest.raises(ClusterError, match=r"num_processes=64 .*lower num_processes") as info:
         TorchDistributor(64, False, False).run(echo_keywords)
