@@ -20,7 +20,8 @@ EXIT_FAILED = 1
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="sparkddl", description="Train PyTorch models on "
-                                     "Spark from a TOML preset (see conf/digits.toml).")
+                                     "Spark from a TOML preset; with none, the embedded "
+                                     "default (scikit-learn's digits) runs.")
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in (("prepare", "materialize the training data as Parquet (cached)"),
                        ("train", "prepare, train, evaluate on the held-out split, save the run"),
@@ -30,7 +31,7 @@ def _parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=text, description=text)
         p.add_argument("preset", nargs="?", default=None,
                        help="TOML preset: a path, or a name in ./conf (default: the embedded "
-                            "default preset, the same as conf/digits.toml)")
+                            "default preset, scikit-learn's digits)")
         p.add_argument("--set", dest="overrides", action="append", default=[],
                        metavar="SECTION.KEY=VALUE", help="override a preset value (repeatable)")
         p.add_argument("--debug", action="store_true", help="show tracebacks")

@@ -139,8 +139,9 @@ def load(path: str | Path | None, overrides: list[str] = ()) -> JobConfig:
     else:
         p = Path(path)
         if not p.is_file():
-            raise ConfigError(f"preset {str(path)!r} not found; presets live in conf/ "
-                              "(e.g. conf/digits.toml)")
+            raise ConfigError(f"preset {str(path)!r} not found; give the path of a TOML "
+                              "preset, or none for the embedded default (a clone of the "
+                              "repository has examples in conf/)")
         raw = _parse(p.read_text(encoding="utf-8"), f"preset {str(path)!r}")
         try:  # the file alone first, so that a typo in it names the file
             from_dict(raw)

@@ -326,9 +326,9 @@ def resolve_reader(choice: str, where: str = "driver", rows_selected: bool = Fal
             "which needs only pyarrow")
     if choice == "petastorm":
         return _chosen("petastorm", "reader='petastorm' was asked for", where)
-    if problem:
+    if problem:  # the usual case off the Petastorm stack: not news, so DEBUG on every rank
         return _chosen("arrow", f"reader='auto' and Petastorm cannot be used here ({problem})",
-                       where)
+                       where, quiet=True)
     return _chosen("petastorm", "reader='auto' and Petastorm loads here", where)
 
 
@@ -347,8 +347,8 @@ def reader_modules(plan: ShardPlan) -> tuple[str, ...]:
 _announced: set[tuple[str, str, str]] = set()
 
 
-def _chosen(reader: str, why: str, where: str) -> str:
-    level = logging.DEBUG if (reader, why, where) in _announced else logging.INFO
+def _chosen(reader: str, why: str, where: str, quiet: bool = False) -> str:
+    level = logging.DEBUG if quiet or (reader, why, where) in _announced else logging.INFO
     _announced.add((reader, why, where))
     log.log(level, "%s: using the %s reader: %s", where, reader, why)
     return reader
