@@ -199,3 +199,16 @@ def test_ssp_messages_are_raw_bytes_and_carry_server_errors():
     assert not store.check([f"{answer_key(1)}/0"])  # read once, then gone
     with pytest.raises(SparkDDLError, match="SSP parameter server on rank 0 failed: boom"):
         decode_pull(encode_pull([], 0, b"boom"), 2, store, 1)
+
+
+@pytest.mark.skipif(store_queue_problem() is None,
+                    reason="this torch's TCPStore has queues: ssp runs here (the tests above)")
+def test_ssp_is_refused_by_name_on_a_torch_without_store_queues():
+    """torch 2.6 and 2.7 (the Databricks LTS ML stacks) have no TCPStore queues."""
+    import re
+
+    from sparkddl import strategies
+    from sparkddl.errors import ConfigError
+    with pytest.raises(ConfigError, match=r"strategy='ssp' needs TCPStore.queue_push/queue_pop, "
+                       rf"which torch {re.escape(torch.__version__)} does not have"):
+        strategies.create("ssp")
