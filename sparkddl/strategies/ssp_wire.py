@@ -90,7 +90,7 @@ def unpack(data: bytes, like: Sequence[Any]) -> list[Any]:
 
 def store_queue_problem() -> str | None:
     """Why this torch cannot run SSP (its push/pull messages are TCPStore queues), or None.
-    torch 2.13 has them; 2.4.1 , 2.6.0 and 2.7.0 (tested here) do not."""
+    torch 2.13 has them; 2.4.1, 2.6.0 and 2.7.0 (tested here) do not."""
     import torch
     from torch.distributed import TCPStore
     if all(hasattr(TCPStore, a) for a in ("queue_push", "queue_pop")):
