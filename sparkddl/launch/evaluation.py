@@ -102,7 +102,8 @@ class SnapshotEvaluator:
                  callbacks: Callbacks | None = None, snapshot_every: int = 1,
                  epochs: int = 0, transform: Any = None, transform_shapes: Any = (),
                  remote: Callable[[dict[str, Any], int], dict[str, float]] | None = None,
-                 on_fatal: Callable[[], None] = lambda: None):
+                 on_fatal: Callable[[], None] = lambda: None,
+                 report: Callable[[dict[str, Any]], None] = lambda row: None):
         self.module = build_module(model_factory)
         self.remote = remote  # evaluation="cluster": a Spark job evaluates each snapshot
         self.step, self.metrics = step, metrics
@@ -118,6 +119,7 @@ class SnapshotEvaluator:
         self._stop_at: int | None = None
         self._errors: list[str] = []
         self.on_fatal = on_fatal
+        self.report = report  # each epoch's row once complete (the console's epoch line)
         self.fatal: Fatal | None = None  # set once; the thread has ended or is ending
         # driver state last saved for this many epochs done: step checkpoints within an
         # epoch would save the same rows and best weights again
@@ -133,7 +135,7 @@ class SnapshotEvaluator:
         epoch = int(row["epoch"])
         with self._lock:
             self.rows[epoch] = {**self.rows.get(epoch, {}), **row}
-        if self.callbacks and epoch % self.snapshot_every and epoch != self.epochs:
+        if epoch % self.snapshot_every and epoch != self.epochs:
             self._queue.put(_RowDone(epoch, reply))  # no snapshot comes for this epoch
 
     def submit(self, snapshot: messages.Snapshot, payload: bytes,
@@ -276,9 +278,11 @@ class SnapshotEvaluator:
         self._epoch_done(epoch, reply)
 
     def _epoch_done(self, epoch: int, reply: Callable[[dict[str, Any]], None]) -> None:
-        """The epoch's row is complete: the callbacks see it and may ask for a stop."""
+        """The epoch's row is complete (its validation metrics in it): it is reported, and
+        the callbacks see it and may ask for a stop."""
         with self._lock:
             row = dict(self.rows.get(epoch, {"epoch": epoch}))
+        self.report(row)
         if self.callbacks.epoch_end(row) and self._stop_at is None and epoch != self.epochs:
             self._stop_at = epoch
             log.info("a callback asked to stop after epoch %d; asking the ranks to stop", epoch)

@@ -92,8 +92,7 @@ class _Dispatch:
             self.steps = int(body.steps)
 
     def _epoch(self, msg: Message, body: m.Epoch) -> None:
-        self.evaluator.record_epoch(body.row, msg.reply)
-        self.progress.epoch(body.row)
+        self.evaluator.record_epoch(body.row, msg.reply)  # it reports the row once complete
         epoch = int(body.row["epoch"])
         if self.grow is not None and self.grow(epoch):
             self.grow = None  # asked once per attempt
@@ -163,6 +162,8 @@ def _fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Tra
                      step_fn=inputs.step_fn, strategies=strategies.registered(),
                      val=data.val if on_ranks else None,
                      eval_metrics=dict(inputs.metrics) if on_ranks else {})
+    progress = Progress(config.epochs, plan.steps_per_epoch, enabled=config.progress,
+                        samples_per_step=config.batch_size * config.num_workers)
     evaluator = SnapshotEvaluator(inputs.factory, inputs.step_fn, inputs.metrics, data.val,
                                   inputs.best_by, best_mode(inputs.best_by, config.best_mode),
                                   config.early_stopping_patience, store, run_id,
@@ -171,9 +172,7 @@ def _fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Tra
                                   transform_shapes=inputs.transform_shapes,
                                   remote=_cluster_evaluator(spark, sc, inputs, data.val, config,
                                                             run_id) if mode == "cluster"
-                                  else None)
-    progress = Progress(config.epochs, plan.steps_per_epoch, enabled=config.progress,
-                        samples_per_step=config.batch_size * config.num_workers)
+                                  else None, report=progress.epoch)
     log.info("fit %s: %d workers x batch %d, %d steps per epoch, %d epochs, strategy %s",
              run_id, config.num_workers, config.batch_size, plan.steps_per_epoch, config.epochs,
              config.strategy)

@@ -42,12 +42,28 @@ def val_data(tmp_path):
     return open_parquet(str(folder), DataSpec.of("x", "y"))
 
 
-def evaluator(tmp_path, patience: int = 2, callbacks=None) -> SnapshotEvaluator:
+def evaluator(tmp_path, patience: int = 2, callbacks=None, **options) -> SnapshotEvaluator:
     return SnapshotEvaluator(lambda: torch.nn.Linear(2, 2),
                              LossFn(("x",), ("y",), (torch.nn.CrossEntropyLoss(),)),
                              resolve_metrics(["accuracy"]), val_data(tmp_path),
                              "val_loss", "min", patience, Store.from_uri(tmp_path), "run1",
-                             callbacks=callbacks)
+                             callbacks=callbacks, **options)
+
+
+def test_each_epoch_is_reported_once_complete_with_its_validation_metrics(tmp_path):
+    """The console's epoch line: after the snapshot's evaluation, not before it; an epoch
+    with no snapshot (snapshot_every=2) is reported as the ranks sent it."""
+    reported: list[dict] = []
+    ev = evaluator(tmp_path, snapshot_every=2, epochs=3, report=reported.append)
+    for epoch in (1, 2, 3):
+        ev.record_epoch({"epoch": epoch, "train_loss": 1.0 / epoch})
+        if epoch != 1:
+            ev.submit(m.Snapshot(epoch), state(epoch == 2), lambda header: None)
+    ev.close()
+    assert [r["epoch"] for r in reported] == [1, 2, 3]
+    assert "val_loss" not in reported[0] and reported[0]["train_loss"] == 1.0
+    assert reported[1]["val_accuracy"] == 1.0 and reported[1]["train_loss"] == 0.5
+    assert math.isclose(reported[2]["val_loss"], math.log(2), rel_tol=1e-6)
 
 
 def test_best_snapshot_history_and_early_stop(tmp_path):
