@@ -38,6 +38,10 @@ class TorchEstimator(TorchEstimatorBase):
                                     for p in param_schema.config_params()})
 
     def _fit(self, dataset: Any) -> TorchModel:
+        with param_schema.in_param_words():
+            return self._fit_in_config_words(dataset)
+
+    def _fit_in_config_words(self, dataset: Any) -> TorchModel:
         for name in (p.name for p in param_schema.OBJECT_PARAMS if p.required):
             if not self.isDefined(name) or self.getOrDefault(name) is None:
                 raise ConfigError(f"TorchEstimator needs {name}=...; see help(TorchEstimator)")

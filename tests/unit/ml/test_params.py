@@ -136,3 +136,11 @@ def test_pyspark_s_own_params_come_from_its_mixins():
     assert isinstance(est, HasSeed) and not isinstance(model, HasSeed)
     assert est.getSeed() == 0 and est.setSeed(5).getSeed() == 5
     assert est.train_config().seed == 5
+
+
+def test_an_estimator_users_errors_name_the_params_not_the_config_fields():
+    """fit's checks speak of numWorkers, minWorkers, batchSize (the Params the user set),
+    not of the config's num_workers: the same error, its type kept."""
+    with pytest.raises(ConfigError, match=r"minWorkers=3 is more than numWorkers=2") as info:
+        _estimator(numWorkers=2, minWorkers=3).fit(None)  # refused before the data is read
+    assert "num_workers" not in str(info.value) and "min_workers" not in str(info.value)
