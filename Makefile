@@ -24,7 +24,8 @@ STACKS ?= dbr-16.4-ml emr-7 dbr-17.3-ml fabric-2.0 current
 # pandas, numpy and torch (the data plane's unit tests, the raw-columns path); the lakehouse
 # readers (Delta, Iceberg); torch's APIs (the training step, FSDP2, torch.export, SSP's refusal
 # where TCPStore has no queues: SSP itself needs torch 2.13, the Petastorm stack's);
-# Spark Connect; `run`, the TorchDistributor drop-in and the first-fit example through Spark
+# Spark Connect; `run`, the TorchDistributor drop-in and the first-fit example through Spark;
+# the platforms' install lines (docs/install.md) against the stacks that mirror them
 VERSION_TESTS ?= tests/unit/test_stack.py tests/unit/session tests/unit/data tests/unit/train \
 	tests/unit/export tests/unit/ml tests/unit/strategies/test_fsdp.py \
 	tests/unit/strategies/test_ssp.py::test_ssp_is_refused_by_name_on_a_torch_without_store_queues \
@@ -32,7 +33,8 @@ VERSION_TESTS ?= tests/unit/test_stack.py tests/unit/session tests/unit/data tes
 	test_failing_rank_surfaces_with_its_traceback,"tests/integration/test_run.py::$(t)[local]") \
 	tests/integration/test_raw_columns.py tests/integration/test_lakehouse.py \
 	tests/integration/test_estimator.py::test_pipeline_fit_save_load_gives_identical_predictions \
-	tests/integration/test_connect.py tests/integration/test_first_fit.py $(TIER_DOCS)
+	tests/integration/test_connect.py tests/integration/test_first_fit.py \
+	tests/integration/test_platform_install.py $(TIER_DOCS)
 # the docs' examples of a newcomer's first hour (every page runs on the Petastorm stack)
 TIER_DOCS ?= $(foreach page,README.md docs/migrate/torchdistributor.md,\
 	"tests/integration/test_docs_examples.py::test_the_examples_run_as_written[$(page)]") \

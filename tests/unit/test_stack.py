@@ -9,46 +9,11 @@ from __future__ import annotations
 
 import importlib.metadata as md
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
-CORE = ["pyspark", "pyarrow", "numpy", "pandas", "torch"]
+from tests.stacks import CORE, STACK, header, installed, read_pins
 
-
-def read_pins(path: Path) -> dict[str, str]:
-    out = {}
-    for line in path.read_text().splitlines():
-        line = line.split("#", 1)[0].strip()
-        if "==" in line:
-            name, version = line.split("==", 1)
-            out[name.lower().replace("_", "-")] = version
-    return out
-
-
-def header(path: Path, key: str) -> str:
-    for line in path.read_text().splitlines():
-        if line.startswith(f"# {key}:"):
-            return line.split(":", 1)[1].strip()
-    return ""
-
-
-def installed(package: str) -> str:
-    return md.version(package).split("+")[0]  # torch's CPU wheel is 2.13.0+cpu
-
-
-def _this_stack() -> Path | None:
-    python = "%d.%d" % sys.version_info[:2]
-    for path in sorted(ROOT.glob("constraints*.txt")):
-        pins = read_pins(path)
-        if header(path, "core") and header(path, "python") == python and \
-                all(pins.get(p) == installed(p) for p in CORE):
-            return path
-    return None
-
-
-STACK = _this_stack()
 PETASTORM_STACK = STACK is not None and STACK.name == "constraints.txt"
 only_with_petastorm = pytest.mark.skipif(
     not PETASTORM_STACK, reason="only the Petastorm stack (constraints.txt) has Petastorm")
