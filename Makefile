@@ -59,7 +59,7 @@ test: docs-build test-pinned
 test-ci: test test-tiers
 
 # the whole suite on every stack: what a change to a dependency, a constraints file or the
-# version seam (sparkddl/session/versions.py) passes before it lands
+# seam between Spark versions (sparkddl/session/) passes before it lands
 test-all: test
 	@set -e; for s in $(STACKS); do $(MAKE) --no-print-directory test-stack-full STACK=$$s; done
 
