@@ -176,6 +176,10 @@ def test_dynamic_staleness_builds_no_lead_from_jitter(dynamic_ssp):
     assert max(max(_leads(r["jitter", "dynamic"])) for r in dynamic_ssp) <= 4
 
 
+@pytest.mark.skipif(store_queue_problem() is not None,
+                    reason=f"ssp is refused on this torch, so its wire is never used: "
+                           f"{store_queue_problem()} (torch 2.7's TCPStore also broke the pipe "
+                           "on its multi-MiB chunks once in two runs)")
 def test_ssp_messages_are_raw_bytes_and_carry_server_errors():
     from datetime import timedelta
 
