@@ -251,7 +251,7 @@ def test_large_snapshots_travel_through_the_store(spark_local, tmp_path):
     ({"model": 42}, r"model must be a torch.nn.Module or a zero-argument factory"),
     ({"optimizer": lambda p: torch.optim.SGD(p, lr=-1)}, r"optimizer could not be built"),
     ({"epochs": 0}, r"epochs must be an integer >= 1, got 0"),
-    ({"batchSize": 0}, r"batch_size must be an integer >= 1, got 0"),
+    ({"batchSize": 0}, r"batchSize must be an integer >= 1, got 0"),
     ({"bestBy": "val_f1"}, r"unknown bestBy 'val_f1'; choose one of train_loss, train_accuracy, "
                            r"val_loss, val_accuracy"),
     ({"bestBy": "accuracy"}, r"unknown bestBy 'accuracy'"),

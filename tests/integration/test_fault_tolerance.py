@@ -220,7 +220,7 @@ def test_a_resume_refuses_another_layout_and_skips_a_truncated_latest_checkpoint
     df = digits_df(spark_local)
     first = estimator(shared, "cross_entropy", epochs=3, runId="run-resumes").fit(df)
     with pytest.raises(ConfigError, match=r"run run-resumes cannot be resumed with a different "
-                                          r"setup \(num_workers 2 -> 1"):
+                                          r"setup \(numWorkers 2 -> 1"):
         estimator(shared, "cross_entropy", epochs=3, runId="run-resumes", numWorkers=1).fit(df)
     store = Store.from_uri(shared / "store")
     ckpts = sorted(store.listdir(store.run_url(first.run_id, "checkpoints")))

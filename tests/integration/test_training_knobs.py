@@ -188,8 +188,8 @@ def test_bad_knobs_fail_on_the_driver_before_the_stage(digits, store):
         (dict(precision="16-mixed"), r"'16-mixed' .* needs CUDA GPUs \(useGpu=True\); on "
                                      r"CPUs use 'bf16-mixed'"),
         (dict(precision="fp8"), r"unknown precision 'fp8'"),
-        (dict(backwardPassesPerStep=0), r"backward_passes_per_step must be an integer >= 1"),
-        (dict(gradientClipNorm=-1.0), r"gradient_clip_norm must be a positive number"),
+        (dict(backwardPassesPerStep=0), r"backwardPassesPerStep must be an integer >= 1"),
+        (dict(gradientClipNorm=-1.0), r"gradientClipNorm must be a positive number"),
         (dict(trainStep=vector_step), r"trainStep must return a scalar loss tensor, got \[8\]"),
         (dict(trainStep=digit_step, metrics=["accuracy"]), r"metrics need the model's output"),
         (dict(loss=torch.nn.functional.cross_entropy, sampleWeightCol="label"),
