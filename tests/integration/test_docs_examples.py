@@ -59,10 +59,19 @@ def ran(request, tmp_path_factory) -> dict:
                               text=True, timeout=PER_PAGE_S * len(pages) + 60)
         log = done.stdout[-4000:] + "\n" + done.stderr[-6000:]
         code = done.returncode
-    except subprocess.TimeoutExpired as late:
-        log, code = f"the pages' process outlived its {late.timeout:.0f} s", None
+    except subprocess.TimeoutExpired as late:  # what it printed until then says where it hung
+        said = [_text(late.stdout)[-4000:], _text(late.stderr)[-6000:]]
+        log, code = f"the pages' process outlived its {late.timeout:.0f} s\n" + \
+            "\n".join(said), None
     found = json.loads(results.read_text(encoding="utf-8")) if results.exists() else {}
     return {"results": found, "returncode": code, "log": log}
+
+
+def _text(output: str | bytes | None) -> str:
+    """A timed-out run's partial output: bytes even where text=True was asked for."""
+    if isinstance(output, bytes):
+        return output.decode("utf-8", "replace")
+    return output or ""
 
 
 @pytest.mark.timeout(PER_PAGE_S * len(PAGES) + 180)
