@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib.metadata as md
 import json
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -43,9 +44,16 @@ def test_every_platform_recipe_names_a_tested_stack():
 
 @pytest.fixture(scope="module")
 def wheel(tmp_path_factory):
-    out = tmp_path_factory.mktemp("wheel")
+    """The wheel of this checkout, built from a copy of what goes in it: a build in the
+    checkout would leave a sparkddl.egg-info there, which the tests' sys.path would read as
+    the installed package's metadata."""
+    source, out = tmp_path_factory.mktemp("source"), tmp_path_factory.mktemp("wheel")
+    for name in ("setup.cfg", "pyproject.toml", "README.md", "LICENSE"):
+        shutil.copy(ROOT / name, source / name)
+    shutil.copytree(ROOT / "sparkddl", source / "sparkddl",
+                    ignore=shutil.ignore_patterns("__pycache__"))
     subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps",
-                    "--no-build-isolation", "-w", str(out), str(ROOT)],
+                    "--no-build-isolation", "-w", str(out), str(source)],
                    check=True, timeout=300, cwd=out)
     [built] = out.glob("sparkddl-*.whl")
     return built
