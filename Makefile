@@ -24,7 +24,7 @@ STACKS ?= dbr-16.4-ml emr-7 dbr-17.3-ml fabric-2.0 current
 # pandas, numpy and torch (the data plane's unit tests, the raw-columns path); the lakehouse
 # readers (Delta, Iceberg); torch's APIs (the training step, FSDP2, torch.export, SSP's refusal
 # where TCPStore has no queues: SSP itself needs torch 2.13, the Petastorm stack's);
-# Spark Connect; `run`, the TorchDistributor drop-in and the first-fit example through Spark;
+# Spark Connect; `run`, the TorchDistributor drop-in and the first fit through Spark;
 # the platforms' install lines (docs/install.md) against the stacks that mirror them
 VERSION_TESTS ?= tests/unit/test_stack.py tests/unit/session tests/unit/data tests/unit/train \
 	tests/unit/export tests/unit/ml tests/unit/strategies/test_fsdp.py \
@@ -34,10 +34,13 @@ VERSION_TESTS ?= tests/unit/test_stack.py tests/unit/session tests/unit/data tes
 	tests/integration/test_raw_columns.py tests/integration/test_lakehouse.py \
 	tests/integration/test_estimator.py::test_pipeline_fit_save_load_gives_identical_predictions \
 	tests/integration/test_connect.py tests/integration/test_first_fit.py \
-	tests/integration/test_platform_install.py $(TIER_DOCS)
-# the docs' examples of a newcomer's first hour (every page runs on the Petastorm stack)
-TIER_DOCS ?= $(foreach page,README.md docs/migrate/torchdistributor.md,\
-	"tests/integration/test_docs_examples.py::test_the_examples_run_as_written[$(page)]") \
+	tests/integration/test_distributor.py tests/integration/test_platform_install.py $(TIER_DOCS)
+# the README's examples (the digits fit) as a newcomer runs them; every page runs on the
+# Petastorm stack. Not the TorchDistributor page here: its first example is pyspark's own
+# TorchDistributor, whose rank 0 picks MASTER_PORT by binding and releasing a port before
+# torchrun binds it; on Spark 3.5 (emr-7) that page ran past its 240 s once in five tiers.
+# The drop-in itself runs here through tests/integration/test_distributor.py
+TIER_DOCS ?= "tests/integration/test_docs_examples.py::test_the_examples_run_as_written[README.md]" \
 	tests/integration/test_docs_examples.py::test_the_process_that_ran_the_pages_ended_cleanly
 
 .PHONY: venv venvs run test test-ci test-all test-pinned test-tiers test-stack test-stack-full \
