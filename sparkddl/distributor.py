@@ -11,10 +11,9 @@ with the rank's traceback. ``local_mode=True`` starts the processes on the drive
 from __future__ import annotations
 
 import os
-from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable
 
-from sparkddl.errors import ClusterError, ConfigError
+from sparkddl.errors import ClusterError, ConfigError, in_callers_words
 from sparkddl.launch import preflight
 from sparkddl.session import cluster_context
 from sparkddl.launch.local import run_local
@@ -22,6 +21,8 @@ from sparkddl.launch.runner import launch, spark_session
 from sparkddl.task.script import script
 
 SSL_KEY = "pytorch.spark.distributor.ignoreSsl"
+# a check's error in TorchDistributor's vocabulary: num_processes, not num_workers
+NUM_PROCESSES = {"num_workers": "num_processes"}
 
 
 class TorchDistributor:
@@ -57,7 +58,7 @@ class TorchDistributor:
         if use_gpu and local_mode:
             self._check_driver_gpus()
         elif use_gpu:
-            with _in_our_words():
+            with in_callers_words(NUM_PROCESSES):
                 preflight.check_cluster(cluster_context(self.spark), num_processes, True)
 
     def _check_encryption(self) -> None:
@@ -111,18 +112,7 @@ class TorchDistributor:
             return run_local(train_object, args, kwargs, self.num_processes, self.use_gpu)
         if isinstance(train_object, (str, os.PathLike)):
             args = tuple(str(a) for a in args)  # pyspark converts them too
-        with _in_our_words():
+        with in_callers_words(NUM_PROCESSES):
             return launch(train_object, args, kwargs, num_workers=self.num_processes,
                           use_gpu=self.use_gpu, spark=self.spark, node_per_rank=True,
                           caller="TorchDistributor.run", workers_name="num_processes")
-
-
-@contextmanager
-def _in_our_words() -> Iterator[None]:
-    """A check's error in TorchDistributor's vocabulary: num_processes, not num_workers."""
-    try:
-        yield
-    except (ConfigError, ClusterError) as exc:
-        if "num_workers" not in str(exc):
-            raise
-        raise type(exc)(str(exc).replace("num_workers", "num_processes")) from exc

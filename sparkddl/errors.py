@@ -4,8 +4,10 @@ Messages say what was seen, what was expected, and how to fix it.
 """
 from __future__ import annotations
 
+import contextlib
+import re
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Iterator
 
 
 class SparkDDLError(Exception):
@@ -130,3 +132,20 @@ class TrainingFailedError(SparkDDLError, RuntimeError):
         if self.spark_error and not self.failures:
             parts.append(f"Spark reported: {self.spark_error.strip()}")
         return "\n".join(parts)
+
+
+@contextlib.contextmanager
+def in_callers_words(names: dict[str, str]) -> Iterator[None]:
+    """A check's ConfigError, ClusterError or DataError told in the caller's vocabulary: each
+    name of ``names`` (a whole word: num_workers) said as its value (numWorkers for an
+    Estimator, num_processes for TorchDistributor). The same error is re-raised, its type,
+    cause and traceback kept."""
+    try:
+        yield
+    except (ConfigError, ClusterError, DataError) as exc:
+        text = str(exc)
+        said = re.sub(r"\b(" + "|".join(map(re.escape, names)) + r")\b",
+                      lambda m: names[m.group(1)], text)
+        if said != text and len(exc.args) == 1:
+            exc.args = (said,)
+        raise

@@ -12,16 +12,15 @@ are generated. A unit test fails when the generated file is stale.
 """
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from sparkddl.config import TrainConfig
-from sparkddl.errors import ClusterError, ConfigError, DataError
+from sparkddl.errors import in_callers_words
 
 GENERATED = Path(__file__).with_name("generated_params.py")
 
@@ -104,21 +103,11 @@ def all_params() -> tuple[ParamSpec, ...]:
     return OBJECT_PARAMS + config_params() + MODEL_PARAMS
 
 
-@contextlib.contextmanager
-def in_param_words() -> Iterator[None]:
+def in_param_words() -> Any:
     """A check's error in an Estimator user's vocabulary: the Params' names (numWorkers,
-    batchSize) where the message names the config's fields (num_workers, batch_size)."""
-    try:
-        yield
-    except (ConfigError, ClusterError, DataError) as exc:
-        # snake_case names only: "features" or "label" are words of the messages too
-        names = {p.field: p.name for p in config_params() if "_" in p.field}
-        text = str(exc)
-        said = re.sub(r"\b(" + "|".join(map(re.escape, names)) + r")\b",
-                      lambda m: names[m.group(1)], text)
-        if said != text and len(exc.args) == 1:
-            exc.args = (said,)  # the same error, its type and cause kept
-        raise
+    batchSize) where the message names the config's fields (num_workers, batch_size); only
+    snake_case names, as "features" or "label" are words of the messages too."""
+    return in_callers_words({p.field: p.name for p in config_params() if "_" in p.field})
 
 
 def train_config(values: dict[str, Any]) -> TrainConfig:
