@@ -10,6 +10,7 @@ with the rank's traceback. ``local_mode=True`` starts the processes on the drive
 """
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any, Callable
 
@@ -20,6 +21,7 @@ from sparkddl.launch.local import run_local
 from sparkddl.launch.runner import launch, spark_session
 from sparkddl.task.script import script
 
+log = logging.getLogger(__name__)
 SSL_KEY = "pytorch.spark.distributor.ignoreSsl"
 # a check's error in TorchDistributor's vocabulary: num_processes, not num_workers
 NUM_PROCESSES = {"num_workers": "num_processes"}
@@ -52,6 +54,7 @@ class TorchDistributor:
         self.num_processes, self.local_mode, self.use_gpu = num_processes, local_mode, use_gpu
         self.spark = spark_session(spark)
         self.ssl_conf = _ssl_conf
+        self.gpus: list[str] | None = None  # local mode's CUDA devices, where use_gpu
         self.input_params = {"num_processes": num_processes, "local_mode": local_mode,
                              "use_gpu": use_gpu, "num_tasks": num_processes}
         self._check_encryption()
@@ -84,16 +87,30 @@ class TorchDistributor:
         return str(session or "").lower(), str(context or "").lower()
 
     def _check_driver_gpus(self) -> None:
-        import torch
-        found = torch.cuda.device_count()
-        if found < 1:
+        """Count the driver's GPUs as pyspark does: those Spark gave the driver
+        (``spark.driver.resource.gpu.*``) where it gave any, else every GPU torch sees here;
+        more processes than GPUs is cut down to one per GPU, with a warning, as pyspark does."""
+        self.gpus = cluster_context(self.spark).driver_gpus()
+        if self.gpus is None:
+            import torch
+            self.gpus = [str(i) for i in range(torch.cuda.device_count())]
+            where = ("torch sees none (CUDA_VISIBLE_DEVICES="
+                     f"{os.environ.get('CUDA_VISIBLE_DEVICES')!r}) and Spark gave it none "
+                     "(spark.driver.resource.gpu.amount)")
+        else:
+            where = "Spark gave it none"
+        if not self.gpus:
             raise ClusterError(
-                "use_gpu=True with local_mode=True needs GPUs on the driver, but torch sees "
-                f"none (CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES')!r}); "
+                f"use_gpu=True with local_mode=True needs GPUs on the driver, but {where}; "
                 "pass use_gpu=False, or local_mode=False to train on the executors' GPUs")
-        if found < self.num_processes:
-            raise ClusterError(f"{self.num_processes} processes need as many GPUs on the "
-                               f"driver, but it has {found}; lower num_processes")
+        if len(self.gpus) < self.num_processes:
+            log.warning("num_processes=%d is more than the %d GPUs on the driver: running "
+                        "%d processes, one per GPU (as pyspark's TorchDistributor does)",
+                        self.num_processes, len(self.gpus), len(self.gpus))
+            self.num_processes = len(self.gpus)
+            self.input_params.update(num_processes=self.num_processes,
+                                     num_tasks=self.num_processes)
+        self.gpus = self.gpus[:self.num_processes]
 
     def run(self, train_object: Callable[..., Any] | str, *args: Any, **kwargs: Any) -> Any:
         """Run ``train_object(*args, **kwargs)`` (or the script with ``args`` as its command
@@ -109,7 +126,8 @@ class TorchDistributor:
         if self.local_mode:
             if isinstance(train_object, (str, os.PathLike)):
                 train_object, args = script(train_object, tuple(str(a) for a in args)), ()
-            return run_local(train_object, args, kwargs, self.num_processes, self.use_gpu)
+            return run_local(train_object, args, kwargs, self.num_processes, self.use_gpu,
+                             gpus=self.gpus)
         if isinstance(train_object, (str, os.PathLike)):
             args = tuple(str(a) for a in args)  # pyspark converts them too
         with in_callers_words(NUM_PROCESSES):

@@ -28,7 +28,12 @@ KILL_WAIT_S = 5.0
 
 
 def run_local(fn: Any, args: tuple, kwargs: dict, num_processes: int, use_gpu: bool,
-              timeout_s: float | None = None, caller: str = "TorchDistributor.run") -> Any:
+              timeout_s: float | None = None, caller: str = "TorchDistributor.run",
+              gpus: list[str] | None = None) -> Any:
+    """``fn(*args, **kwargs)`` in ``num_processes`` processes on this host, one torchrun
+    node; rank 0's value. ``gpus``: the CUDA devices the processes may see (all of them see
+    the list, LOCAL_RANK picks one, as under pyspark's local mode); None leaves
+    ``CUDA_VISIBLE_DEVICES`` as it is."""
     import torch.distributed as dist
     from pyspark import cloudpickle
 
@@ -39,7 +44,7 @@ def run_local(fn: Any, args: tuple, kwargs: dict, num_processes: int, use_gpu: b
         call = Path(folder, "call.pkl")
         call.write_bytes(payload)
         run_id = uuid.uuid4().hex[:12]
-        procs = [_start(rank, num_processes, store.port, call, folder, use_gpu, run_id)
+        procs = [_start(rank, num_processes, store.port, call, folder, use_gpu, run_id, gpus)
                  for rank in range(num_processes)]
         relays = [threading.Thread(target=_relay, args=(p, rank), daemon=True)
                   for rank, p in enumerate(procs)]
@@ -65,7 +70,7 @@ def run_local(fn: Any, args: tuple, kwargs: dict, num_processes: int, use_gpu: b
 
 
 def _start(rank: int, world: int, port: int, call: Path, folder: str,
-           use_gpu: bool, run_id: str) -> subprocess.Popen:
+           use_gpu: bool, run_id: str, gpus: list[str] | None = None) -> subprocess.Popen:
     """A rank's process with torchrun's environment for one node of ``world`` processes:
     its run id, and the host's cores shared out (OMP_NUM_THREADS, unless set)."""
     threads = str(max(1, (os.cpu_count() or 1) // world))
@@ -77,6 +82,8 @@ def _start(rank: int, world: int, port: int, call: Path, folder: str,
            "TORCHELASTIC_RESTART_COUNT": "0", "SPARKDDL_LOCAL_RANK": str(rank),
            "SPARKDDL_LOCAL_WORLD_SIZE": str(world), "SPARKDDL_NODE_RANK": "0",
            "SPARKDDL_USE_GPU": "1" if use_gpu else "0", "PYTHONUNBUFFERED": "1"}
+    if use_gpu and gpus is not None:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
     return subprocess.Popen([sys.executable, "-m", "sparkddl.launch.local", str(call), folder],
                             env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             cwd=os.getcwd())

@@ -17,13 +17,16 @@ ask instead of testing which kind they hold:
   listens, and whether executors can reach it;
 - ``ship(value)``: a value for executors to read (a broadcast, or carried inline);
 - ``partitions(df)``: a DataFrame's partition count, if the client can tell;
+- ``driver_gpus()``: the GPUs Spark gave the driver, or None (a Connect client: none here);
 - ``has_jvm``: pyspark's JVM-backed helpers (Hadoop paths, MLWriter's overwrite) work here.
 """
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from typing import Any
 
+from sparkddl.errors import ClusterError
 from sparkddl.session.masters import master_slots
 
 
@@ -36,6 +39,23 @@ class Inline:
 
 
 _GROUP_KEYS = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+
+
+def visible_indices(addresses: list[str]) -> list[str]:
+    """Spark's GPU addresses as CUDA device ids: an address is an index into
+    ``CUDA_VISIBLE_DEVICES`` where that is set."""
+    bad = [a for a in addresses if not a.isdigit()]
+    if bad:
+        raise ClusterError(f"the driver's GPU addresses {bad} are not device indices; make "
+                           "the GPU discovery script print indices such as \"0\", \"1\"")
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if not visible:
+        return addresses
+    listed = visible.split(",")
+    if any(int(a) >= len(listed) for a in addresses):
+        raise ClusterError(f"the driver's GPU addresses {addresses} index past "
+                           f"CUDA_VISIBLE_DEVICES={visible!r}; fix one or the other")
+    return [listed[int(a)].strip() for a in addresses]
 
 
 class ClassicContext:
@@ -61,6 +81,15 @@ class ClassicContext:
 
     def named_slots(self) -> int | None:
         return master_slots(self.sc.master)
+
+    def driver_gpus(self) -> list[str] | None:
+        """The GPUs Spark gave the driver (``spark.driver.resource.gpu.*``), as the CUDA
+        indices this process sees (mapped through ``CUDA_VISIBLE_DEVICES`` where it is set,
+        as pyspark maps them); None where Spark gave it none."""
+        resource = self.sc.resources.get("gpu")
+        if resource is None or not resource.addresses:
+            return None
+        return visible_indices(list(resource.addresses))
 
     def running_tasks(self, tag: str) -> int | None:
         """Tasks of the jobs tagged ``tag`` that run now (have a slot), from Spark's status

@@ -69,6 +69,9 @@ class ConnectContext:
     def replace_executor(self, executor: str) -> bool:
         return False  # no SparkContext to ask
 
+    def driver_gpus(self) -> list[str] | None:
+        return None  # the server's driver is not this process: torch counts this host's
+
     def job_group(self) -> tuple[str | None, ...]:
         return ()  # job groups are a SparkContext's; Connect has tags only
 

@@ -3,6 +3,7 @@
 behaviour those tests stub out (the processes really run here). Differences: see README."""
 from __future__ import annotations
 
+import json
 import os
 import textwrap
 import time
@@ -210,3 +211,44 @@ def test_errors_speak_of_num_processes(spark_local):
     with pytest.raises(ClusterError, match=r"num_processes=64 .*lower num_processes") as info:
         TorchDistributor(64, False, False).run(echo_keywords)
     assert "num_workers" not in str(info.value)
+
+
+GPUS_CHILD = '''
+import json, logging, os, sys
+from pyspark.sql import SparkSession
+from sparkddl import TorchDistributor
+
+def visible():
+    return os.environ["CUDA_VISIBLE_DEVICES"]
+
+logging.basicConfig(level=logging.WARNING, stream=sys.stdout)
+spark = (SparkSession.builder.master("local[2]")
+         .config("spark.driver.resource.gpu.amount", "3")
+         .config("spark.driver.resource.gpu.discoveryScript", sys.argv[1])
+         .config("spark.ui.enabled", "false").getOrCreate())
+cut = TorchDistributor(4, True, True)
+fits = TorchDistributor(2, True, True)
+print("RESULT", json.dumps({"cut": [cut.num_processes, cut.input_params["num_tasks"]],
+                            "fits": fits.num_processes, "sees": cut.run(visible)}))
+'''
+
+
+@pytest.mark.timeout(180)
+def test_local_mode_counts_the_gpus_spark_gave_the_driver_as_pyspark_does(tmp_path):
+    """pyspark counts local mode's GPUs from spark.driver.resource.gpu.*, cuts num_processes
+    to them with a warning, and has the processes see those GPUs (addresses index into
+    CUDA_VISIBLE_DEVICES where it is set). No GPU is needed: the processes only read it."""
+    import subprocess
+    import sys
+    script = tmp_path / "gpus.sh"
+    script.write_text('#!/bin/sh\necho \'{"name": "gpu", "addresses": ["0", "1", "2"]}\'\n')
+    script.chmod(0o755)
+    child = tmp_path / "child.py"
+    child.write_text(GPUS_CHILD)
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": "5,6,7,8"}
+    done = subprocess.run([sys.executable, str(child), str(script)], env=env, timeout=150,
+                          capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    got = next(line for line in done.stdout.splitlines() if line.startswith("RESULT"))
+    assert json.loads(got.split(" ", 1)[1]) == {"cut": [3, 3], "fits": 2, "sees": "5,6,7"}
+    assert "num_processes=4 is more than the 3 GPUs on the driver" in done.stdout
