@@ -26,7 +26,7 @@ STACKS ?= dbr-16.4-ml emr-7 dbr-17.3-ml fabric-2.0 current
 # where TCPStore has no queues: SSP itself needs torch 2.13, the Petastorm stack's);
 # Spark Connect; `run`, the TorchDistributor drop-in and the first fit through Spark;
 # the platforms' install lines (docs/install.md) against the stacks that mirror them
-VERSION_TESTS ?= tests/unit/test_stack.py tests/unit/session tests/unit/data tests/unit/train \
+VERSION_TESTS ?= tests/unit/test_stack.py tests/unit/session tests/unit/data tests/unit/tables tests/unit/train \
 	tests/unit/export tests/unit/ml tests/unit/strategies/test_fsdp.py \
 	tests/unit/strategies/test_ssp.py::test_ssp_is_refused_by_name_on_a_torch_without_store_queues \
 	$(foreach t,test_allreduce_sums_over_ranks test_unmodified_torchrun_function_trains_ddp \

@@ -20,7 +20,7 @@ One process, one local[2] session:
         listing): footers, kept rows per row group, label range;
       - ``prepare(table, ...)`` given the table's folder: the same from a fresh listing (log
         replay, footers, every DV read and decoded);
-      - ``delta_listing(table)`` alone and decoding every DV alone (a fresh listing's).
+      - ``delta_table(table)`` alone and decoding every DV alone (a fresh listing's).
   - cold fits, in this order, each ``TorchEstimator(...).fit(df)`` with a fresh store:
       (a) in place: ``df = sparkddl.read_delta(spark, table)`` as is. Checked: the fit's
           log says it reads the table in place with deletion vectors the ranks apply, and
@@ -36,7 +36,7 @@ One process, one local[2] session:
     trained model on the driver. rows trained per epoch: the fit history's rows_trained.
   - memory of the deletion vectors (bytes of arrays, not process RSS):
       - on the driver: the decoded bitmaps, sum over the files of
-        ``listing.deletes.deleted(fs, path, rows).nbytes`` (sorted uint64 indexes, 8 bytes a
+        ``listing.masks.deleted(fs, path, rows).nbytes`` (sorted uint64 indexes, 8 bytes a
         deleted row), against a dense boolean mask of every file (1 byte a row), the
         serialized bitmaps (the DV file on disk), and deltalake's
         ``DeltaTable.deletion_vectors()`` (deltalake 1.6.6: one row per file with a DV, a
@@ -149,7 +149,7 @@ def planning(spark: Any, table: str, batch: int, work: Path, repeats: int
              ) -> tuple[dict[str, Any], Any]:
     import sparkddl
     from sparkddl.data import prepare
-    from sparkddl.data.delta import delta_listing
+    from sparkddl.tables.delta import delta_table
     from sparkddl.store import Store
 
     out: dict[str, Any] = {}
@@ -163,17 +163,17 @@ def planning(spark: Any, table: str, batch: int, work: Path, repeats: int
     t, ts, from_url = best(lambda: prepare(table, spec(), num_workers=2, batch_size=batch),
                            repeats)
     out["prepare_url_s"], out["prepare_url_runs_s"] = t, ts
-    t, ts, listing = best(lambda: delta_listing(table), repeats)
+    t, ts, listing = best(lambda: delta_table(table), repeats)
     out["delta_listing_s"], out["delta_listing_runs_s"] = t, ts
     fs = Store.from_uri(table).filesystem()
     rows = {p: file_rows(fs, p) for p in listing.paths}
 
     decode_runs = []
     for _ in range(repeats):
-        fresh = delta_listing(table)  # its own Deletes: nothing decoded yet
+        fresh = delta_table(table)  # its own Deletes: nothing decoded yet
         start = time.perf_counter()
         for p in fresh.paths:
-            fresh.deletes.deleted(fs, p, rows[p])
+            fresh.masks.deleted(fs, p, rows[p])
         decode_runs.append(time.perf_counter() - start)
     out["decode_dvs_s"], out["decode_dvs_runs_s"] = min(decode_runs), decode_runs
     out["label_range"] = list(prepared.label_range(SPEC_LABEL))
@@ -196,22 +196,22 @@ def memory(table: str, prepared: Any, batch: int, seed: int) -> dict[str, Any]:
     import numpy as np
     from urllib.parse import unquote, urlparse
 
-    from sparkddl.data.delta import delta_listing
-    from sparkddl.data.plan import list_row_groups
+    from sparkddl.tables.delta import delta_table
+    from sparkddl.tables.parquet import list_row_groups
     from sparkddl.store import Store
 
     store = Store.from_uri(table)
     fs, root = store.filesystem(), store.fs_path(store.url())
-    listing = delta_listing(table)
+    listing = delta_table(table)
     rows = {p: file_rows(fs, p) for p in listing.paths}
-    decoded = {p: listing.deletes.deleted(fs, p, rows[p]) for p in listing.paths}
+    decoded = {p: listing.masks.deleted(fs, p, rows[p]) for p in listing.paths}
     per_file = {p: (0 if d is None else int(d.nbytes)) for p, d in decoded.items()}
     out: dict[str, Any] = {
         "files_with_dv": sum(1 for d in decoded.values() if d is not None),
         "deleted_rows": int(sum(len(d) for d in decoded.values() if d is not None)),
         "driver_decoded_bytes": sum(per_file.values()),
         "dense_mask_bytes": sum(rows.values()),  # numpy bool: 1 byte a row of every file
-        "serialized_bitmap_bytes": sum(v.size for v in listing.deletes.vectors.values()),
+        "serialized_bitmap_bytes": sum(v.size for v in listing.masks.by_file.values()),
     }
     # deltalake's own: a keep mask per file with a DV
     try:
@@ -279,12 +279,12 @@ print(json.dumps({{"before": before, "after": peak()}}))
 PEAK_CASES = {
     "sparkddl": ("""
 import pyarrow.parquet as pq
-from sparkddl.data.delta import delta_listing
+from sparkddl.tables.delta import delta_table
 from sparkddl.store import Store
-listing = delta_listing(root)
+listing = delta_table(root)
 fs = Store.from_uri(root).filesystem()
 rows = {p: pq.ParquetFile(fs.open_input_file(p)).metadata.num_rows for p in listing.paths}
-""", "kept = [listing.deletes.deleted(fs, p, rows[p]) for p in listing.paths]"),
+""", "kept = [listing.masks.deleted(fs, p, rows[p]) for p in listing.paths]"),
     "deltalake": ("""
 from deltalake import DeltaTable
 dt = DeltaTable(root)
@@ -474,7 +474,7 @@ def planning_md(plan: dict[str, Any], repeats: int) -> str:
               "prepare_df_s"),
              ("prepare(table folder): fresh listing, footers, every DV read and decoded",
               "prepare_url_s"),
-             ("delta_listing(table) alone (log replay)", "delta_listing_s"),
+             ("delta_table(table) alone (log replay)", "delta_listing_s"),
              ("decoding every DV alone (read + CRC + Roaring decode)", "decode_dvs_s")]
     rows = [{"driver step": what, "s": plan[key],
              "runs": ", ".join(f"{t:.3f}" for t in plan[f"{key[:-2]}_runs_s"])}

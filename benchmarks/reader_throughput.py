@@ -50,7 +50,7 @@ def plain_pyarrow(dataset) -> int:
     import pyarrow.parquet as pq
     import torch
 
-    from sparkddl.data.plan import list_row_groups
+    from sparkddl.tables.parquet import list_row_groups
     from sparkddl.store import Store
     store = Store.from_uri(dataset.url)
     fs = store.filesystem()

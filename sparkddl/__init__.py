@@ -21,16 +21,16 @@ _EXPORTS = {
     "device": "sparkddl.task.dist", "init_process_group": "sparkddl.task.dist",
     "TorchDistributor": "sparkddl.distributor", "NonFiniteLossError": "sparkddl.errors",
     "TransformError": "sparkddl.errors", "JobCancelledError": "sparkddl.errors",
-    "UntrustedArtifactError": "sparkddl.errors", "read_delta": "sparkddl.data.delta",
-    "read_iceberg": "sparkddl.data.iceberg",
+    "UntrustedArtifactError": "sparkddl.errors", "read_delta": "sparkddl.tables.delta",
+    "read_iceberg": "sparkddl.tables.iceberg",
     "UnsyncedTrainingWarning": "sparkddl.task.frameworks",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 if TYPE_CHECKING:  # the same names for type checkers and the API reference; never run
-    from sparkddl.data.delta import read_delta
-    from sparkddl.data.iceberg import read_iceberg
+    from sparkddl.tables.delta import read_delta
+    from sparkddl.tables.iceberg import read_iceberg
     from sparkddl.distributor import TorchDistributor
     from sparkddl.errors import (CheckpointError, ClusterError, ConfigError, DataError,
                                  JobCancelledError, NonFiniteLossError, SparkDDLError,

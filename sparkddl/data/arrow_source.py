@@ -17,8 +17,8 @@ from typing import Any, Generator
 import numpy as np
 
 from sparkddl.data.batching import value_counts
-from sparkddl.data.plan import (ShardPlan, list_row_groups, piece_order, read_errors,
-                                unreadable)
+from sparkddl.data.plan import ShardPlan, piece_order
+from sparkddl.tables.parquet import list_row_groups, read_errors, unreadable
 from sparkddl.data.split import select_rows
 from sparkddl.errors import DataError
 from sparkddl.store import Store

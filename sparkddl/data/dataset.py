@@ -6,7 +6,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sparkddl.data.listing import Listing
+from sparkddl.tables.table import Table
 from sparkddl.data.plan import ShardPlan, plan_shards
 from sparkddl.data.schema import ColumnSpec
 from sparkddl.data.split import Selection
@@ -25,7 +25,7 @@ class Dataset:
     selection: Selection | None = None
     files: tuple[tuple[str, int, int], ...] = ()
     # its files one by one where they are not every data file under ``url``
-    listing: Listing | None = None
+    listing: Table | None = None
 
     @property
     def rows(self) -> int:

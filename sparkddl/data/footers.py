@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparkddl.data.listing import Listing
-from sparkddl.data.plan import RowGroup, parquet_file
+from sparkddl.tables.table import Table
+from sparkddl.tables.parquet import RowGroup, parquet_file
 from sparkddl.data.schema import ColumnSpec
 from sparkddl.errors import DataError
 
@@ -118,7 +118,7 @@ def _check_types(schema: Any, types: dict[str, tuple[str, str]], path: str, firs
 
 
 def label_ranges(fs: Any, groups: list[RowGroup], columns: tuple[ColumnSpec, ...],
-                 listing: Listing | None = None) -> tuple[tuple[str, int, int], ...]:
+                 listing: Table | None = None) -> tuple[tuple[str, int, int], ...]:
     """(label, min, max) of integral label columns from the footers' statistics; a label
     without statistics in some row group is left out (the sample check does without). A row
     group with rows deleted by a deletion vector has statistics of the deleted rows too: its

@@ -18,9 +18,10 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any
 
-from sparkddl.data.delta import is_delta, scan_listing
-from sparkddl.data.listing import SPARK_TYPES, Listing, hive_listing
-from sparkddl.data.plan import data_files
+from sparkddl.tables.delta import is_delta, scan_table
+from sparkddl.tables.hive import SPARK_TYPES, hive_table
+from sparkddl.tables.table import Table
+from sparkddl.tables.parquet import data_files
 from sparkddl.errors import DataError
 from sparkddl.store import Store, decode_hadoop_uri
 from sparkddl.store.store import split_uri
@@ -37,7 +38,7 @@ class Decision:
     url: str | None  # the table's folder when it is read in place
     why: str
     # its files one by one, where they are not every data file under that folder
-    listing: Listing | None = None
+    listing: Table | None = None
 
 
 def decide(df: Any, columns: list[str], kinds: dict[str, str], types: dict[str, str],
@@ -107,7 +108,7 @@ def decide(df: Any, columns: list[str], kinds: dict[str, str], types: dict[str, 
                    reader)
 
 
-def _delta_frame(url: str, listing: Listing, columns: list[str], kinds: dict[str, str],
+def _delta_frame(url: str, listing: Table, columns: list[str], kinds: dict[str, str],
                  types: dict[str, str], reader: str, split_column: str | None) -> Decision:
     """The Decision for a Delta or Iceberg table's version whose files ``listing`` names
     (with their deletion vectors, which the ranks apply)."""
@@ -119,7 +120,7 @@ def _delta_frame(url: str, listing: Listing, columns: list[str], kinds: dict[str
     if reader == "petastorm":
         return Decision(None, "reader='petastorm' reads one folder, and a Delta or Iceberg "
                               "table's version is its files named one by one")
-    dvs = len(listing.deletes.vectors) if listing.deletes else 0
+    dvs = len(listing.masks.by_file) if listing.masks else 0
     return Decision(url, f"the Delta or Iceberg table's version, its {len(listing.paths)} "
                          "file(s) named by its log or manifests" +
                     (f", {dvs} with a deletion vector the ranks apply" if dvs else ""),
@@ -145,9 +146,9 @@ def _delta_scan(root: str, version: int | None, spark_reads: list[str], columns:
     """A scan by Spark with Delta Lake (Databricks): read in place where the table's log
     can be read here at the version scanned and names the files Spark reads, with the
     deletion vectors of that version; materialized otherwise, saying why
-    (:func:`sparkddl.data.delta.scan_listing`). Not tested here: no Delta Lake jar is
+    (:func:`sparkddl.tables.delta.scan_table`). Not tested here: no Delta Lake jar is
     reachable from the tests."""
-    listing, why = scan_listing(root, version)
+    listing, why = scan_table(root, version)
     if listing is None:
         return Decision(None, why)
     if sorted(_key(p) for p in listing.paths) != sorted(_key(f) for f in spark_reads):
@@ -213,7 +214,7 @@ def _listed(roots: list[str], spark_reads: list[str], parts: list[str], types: d
         fs_root = posixpath.dirname(fs_root)
     url = Store.from_uri(home + ("" if fs_root.startswith("/") else "/") + fs_root).url()
     try:
-        listing = hive_listing("", paths, parts, types)
+        listing = hive_table("", paths, parts, types)
     except DataError as exc:
         return Decision(None, str(exc))
     return Decision(url, f"the {len(paths)} Parquet file(s) Spark reads, named one by one: "

@@ -8,8 +8,8 @@ import numpy as np
 
 from sparkddl.data.batching import Chunk, decode_arrow
 from sparkddl.data.dataset import Dataset
-from sparkddl.data.plan import (Piece, RowGroup, check_unchanged, list_row_groups,
-                                parquet_file, shard_pieces)
+from sparkddl.data.plan import Piece, check_unchanged, shard_pieces
+from sparkddl.tables.parquet import RowGroup, list_row_groups, parquet_file
 from sparkddl.data.split import select_rows
 from sparkddl.store import Store
 

@@ -15,7 +15,8 @@ import warnings
 from typing import Any, Generator
 
 from sparkddl.data.petastorm_check import MODULES, unavailable_reason  # noqa: F401
-from sparkddl.data.plan import Piece, ShardPlan, list_row_groups, piece_order
+from sparkddl.data.plan import Piece, ShardPlan, piece_order
+from sparkddl.tables.parquet import list_row_groups
 from sparkddl.errors import DataError
 from sparkddl.store import Store
 from sparkddl.store.store import split_uri

@@ -23,8 +23,8 @@ from sparkddl.config import POOL_TYPES
 from sparkddl.data import arrow_source, petastorm_source
 from sparkddl.data.batching import Chunk, Rebatcher, decode_arrow, to_tensors
 from sparkddl.data.epoch_cache import epoch_cache
-from sparkddl.data.plan import (ShardPlan, check_unchanged, piece_order, read_errors,
-                                resolve_reader, unreadable)
+from sparkddl.data.plan import ShardPlan, check_unchanged, piece_order, resolve_reader
+from sparkddl.tables.parquet import read_errors, unreadable
 from sparkddl.data.transform import Shapes, ahead
 from sparkddl.errors import DataError
 

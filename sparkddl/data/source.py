@@ -9,15 +9,15 @@ from typing import Any
 
 import numpy as np
 
-from sparkddl.data import deletes
 from sparkddl.data import fingerprint as fp
 from sparkddl.data.batching import value_counts
 from sparkddl.data.dataset import Dataset, PreparedData
-from sparkddl.data.delta import delta_listing
+from sparkddl.tables.delta import delta_table
 from sparkddl.data.footers import arrow_kind, check_footers, label_ranges
-from sparkddl.data.listing import Listing, hive_listing, partition_names
-from sparkddl.data.plan import (RowGroup, check_enough_rows, data_files, list_row_groups,
-                                parquet_file)
+from sparkddl.tables.hive import hive_table, partition_names
+from sparkddl.tables.table import Table
+from sparkddl.data.plan import check_enough_rows
+from sparkddl.tables.parquet import RowGroup, data_files, list_row_groups, parquet_file
 from sparkddl.data.schema import ColumnSpec, DataSpec, check_columns, column_spec
 from sparkddl.data.split import (GROUP_SPLIT_MIN, Selection, choose_groups, column_rows,
                                  fraction_rows, relative)
@@ -29,7 +29,7 @@ HEAD_ROWS = 1024  # rows read to learn the width of array columns
 log = logging.getLogger(__name__)
 
 
-def open_parquet(url: str, spec: DataSpec, listing: Listing | None = None) -> Dataset:
+def open_parquet(url: str, spec: DataSpec, listing: Table | None = None) -> Dataset:
     """Describe the Parquet dataset at ``url`` (or ``listing``'s files) from its footers:
     columns, widths, row groups. Null counts come from column statistics; unequal array
     lengths are caught by the reader. Row groups without rows (pyarrow writes an empty table
@@ -74,7 +74,7 @@ def open_parquet(url: str, spec: DataSpec, listing: Listing | None = None) -> Da
         head = next(parquet.iter_batches(batch_size=HEAD_ROWS, row_groups=[first.index],
                                          columns=listing.physical(in_files) if listing
                                          else in_files, use_threads=False))
-        if listing is not None and (listing.renames or listing.deletes):
+        if listing is not None and (listing.renames or listing.masks):
             import pyarrow as pa
             table = listing.logical(pa.Table.from_batches([head]))
             alive = listing.keep(fs, first)  # widths of rows that are not deleted
@@ -117,7 +117,7 @@ def open_parquet(url: str, spec: DataSpec, listing: Listing | None = None) -> Da
     return Dataset(store.url(), tuple(columns), tuple(counts), listing=listing)
 
 
-def _check_records(listing: Listing, groups: list[RowGroup], url: str) -> None:
+def _check_records(listing: Table, groups: list[RowGroup], url: str) -> None:
     """DataError where a file's footer counts other rows than the table's log (Delta's
     numRecords) or manifest (Iceberg's record_count): its deletes would name other rows."""
     footers = {g.path: g.file_rows for g in groups}
@@ -130,7 +130,7 @@ def _check_records(listing: Listing, groups: list[RowGroup], url: str) -> None:
 
 
 def _folder_partitions(root: str, groups: list[RowGroup], missing: list[str]
-                       ) -> Listing | None:
+                       ) -> Table | None:
     """The listing of a partitioned table given by its folder whose ``name=value`` folders
     hold the ``missing`` columns (types inferred as Spark does); None where they are not
     partition columns (check_columns then says they are missing)."""
@@ -139,7 +139,7 @@ def _folder_partitions(root: str, groups: list[RowGroup], missing: list[str]
     paths = list(dict.fromkeys(g.path for g in groups))
     if not set(missing) <= set(partition_names(root, paths)):
         return None
-    return hive_listing(root, paths, missing)
+    return hive_table(root, paths, missing)
 
 
 def prepare_parquet(url: str, spec: DataSpec, *, num_workers: int, batch_size: int,
@@ -152,11 +152,14 @@ def prepare_parquet(url: str, spec: DataSpec, *, num_workers: int, batch_size: i
     val = _open(validation_url, spec) if validation_url else None
     identity = {"train": file_identity(train.url, train.listing),
                 "val": file_identity(val.url, val.listing) if val else None,
-                "deletes": [deletes.identity(train.listing),
-                            deletes.identity(val.listing) if val else None]}
+                "deletes": [_masks(train.listing), _masks(val.listing) if val else None]}
     return PreparedData(_checked(train, identity["train"]),
                         val and _checked(val, identity["val"]),
                         fp.fingerprint(identity), source=url)
+
+
+def _masks(table: Table | None) -> list[list[str]]:
+    return table.mask_identity() if table is not None else []
 
 
 def _checked(dataset: Dataset, identity: list[tuple[str, int, int]]) -> Dataset:
@@ -168,10 +171,10 @@ def _checked(dataset: Dataset, identity: list[tuple[str, int, int]]) -> Dataset:
 def _open(url: str, spec: DataSpec) -> Dataset:
     """:func:`open_parquet` of a folder of Parquet files or of a Delta table's current
     version (whose folder holds the files of every version)."""
-    return open_parquet(url, spec, delta_listing(url))
+    return open_parquet(url, spec, delta_table(url))
 
 
-def file_identity(url: str, listing: Listing | None = None) -> list[tuple[str, int, int]]:
+def file_identity(url: str, listing: Table | None = None) -> list[tuple[str, int, int]]:
     """(path, size, modification time in ns) of every data file of the dataset at ``url``
     (or of ``listing``): what changes when a file is rewritten, without reading any data."""
     store = Store.from_uri(url)
@@ -180,7 +183,7 @@ def file_identity(url: str, listing: Listing | None = None) -> list[tuple[str, i
 
 
 def prepare_table(url: str, spec: DataSpec, *, num_workers: int, batch_size: int,
-                  validation: float | str | None, seed: int, listing: Listing | None = None
+                  validation: float | str | None, seed: int, listing: Table | None = None
                   ) -> PreparedData:
     """The Parquet table at ``url`` read in place, split by ``validation`` (a fraction or a
     boolean/0-1 column of the table) inside its row groups, whatever its layout: the ranks
@@ -229,7 +232,7 @@ def prepare_table(url: str, spec: DataSpec, *, num_workers: int, batch_size: int
     identity = {"table": files, "columns": [c.to_json() for c in keep],
                 "validation": validation, "seed": seed,
                 "partitions": [listing.columns, listing.values] if listing else None,
-                "deletes": deletes.identity(listing)}
+                "deletes": _masks(listing)}
     return PreparedData(train, val, fp.fingerprint(identity), source=url, in_place=True,
                         label_ranges=label_ranges(fs, groups, keep, listing))
 
@@ -257,7 +260,7 @@ def _by_groups(fs: Any, root: str, groups: list[RowGroup], fraction: float, seed
 
 
 def _validation_counts(fs: Any, root: str, groups: list[RowGroup], fraction: float, seed: int,
-                       column: str | None, listing: Listing | None = None) -> list[int]:
+                       column: str | None, listing: Table | None = None) -> list[int]:
     """Validation rows of every row group (rows deleted by a deletion vector are on no
     side): from the seeded draws alone for a fraction, by reading the one column for a
     split column."""

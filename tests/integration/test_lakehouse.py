@@ -222,7 +222,7 @@ def test_read_delta_of_a_table_with_deletion_vectors_trains_on_the_rows_not_dele
     read in place as it is (each rank applies its files' deletion vectors), materialized
     right once transformed; deleted rows carry the label -1, which nothing may read. With
     column mapping, the files' physical columns are the table's by name in Spark too."""
-    from tests.unit.data.test_deletes import build
+    from tests.unit.tables.test_masks import build
     _, expected = build(tmp_path / "d", partitioned=True, mapping=mapping)
     df = sparkddl.read_delta(spark_local, str(tmp_path / "d"))
     rows = df.collect()  # Spark agrees: the rows not deleted, the table's column names
@@ -267,7 +267,7 @@ def test_read_iceberg_gives_spark_and_the_fit_the_current_snapshot(spark_local, 
     """An Iceberg table of several appends and a copy-on-write delete (pyiceberg's own scan
     is the oracle): Spark reads its current snapshot's files, and a fit reads them in place."""
     pytest.importorskip("pyiceberg")
-    from tests.unit.data.test_iceberg import build, oracle
+    from tests.unit.tables.test_iceberg import build, oracle
     table = build(tmp_path / "ice")
     expected = oracle(table)
     df = sparkddl.read_iceberg(spark_local, table)
@@ -293,7 +293,7 @@ def test_read_iceberg_of_a_table_with_positional_deletes_trains_on_the_rows_left
     deleted rows out (an anti join on the row index), a fit reads the files in place with the
     ranks applying the deletes; deleted rows carry the label -1."""
     pytest.importorskip("pyiceberg")
-    from tests.unit.data.test_iceberg import labeled, with_positional_deletes
+    from tests.unit.tables.test_iceberg import labeled, with_positional_deletes
     table, _ = with_positional_deletes(tmp_path)
     expected = labeled(table)
     df = sparkddl.read_iceberg(spark_local, table)
@@ -301,7 +301,7 @@ def test_read_iceberg_of_a_table_with_positional_deletes_trains_on_the_rows_left
     assert got == expected and all(label >= 0 for *_, label in got)
     spec = DataSpec.of(["a"], ["label"], ["id"])
     prepared = prepare(df, spec, num_workers=2, batch_size=4, store=tmp_path / "store")
-    assert prepared.in_place and prepared.train.listing.deletes
+    assert prepared.in_place and prepared.train.listing.masks
     rows = read_rows(prepared.train)
     assert sorted(rows["id"].tolist()) == [i for i, *_ in expected]
     assert (rows["label"] >= 0).all()

@@ -21,7 +21,8 @@ def test_petastorm_reads_spark_parquet(spark_local, tmp_path):
     from pyarrow import fs as pafs
 
     from sparkddl.data.petastorm_source import InlinePool, _open_reader
-    from sparkddl.data.plan import Piece, list_row_groups
+    from sparkddl.data.plan import Piece
+    from sparkddl.tables.parquet import list_row_groups
 
     df = spark_local.range(1000).selectExpr("id", "cast(id * 2 as float) as x",
                                             "array(cast(id as double), 1.0D) as v")

@@ -67,7 +67,7 @@ def test_the_schema_imports_nothing_it_configures():
 # what the ranks and the data plane stand on never reaches up to the driver's launch path,
 # the Estimator or the job/CLI modules; Spark sessions are told apart in sparkddl.session,
 # below them all
-LOWER = ("sparkddl.data", "sparkddl.train", "sparkddl.task", "sparkddl.strategies",
+LOWER = ("sparkddl.tables", "sparkddl.data", "sparkddl.train", "sparkddl.task", "sparkddl.strategies",
          "sparkddl.channel", "sparkddl.session", "sparkddl.export")
 UPPER = ("sparkddl.launch", "sparkddl.ml", "sparkddl.cli", "sparkddl.tracking",
          "sparkddl.distributor")
@@ -81,6 +81,24 @@ def test_the_lower_layers_never_import_the_upper_ones():
     upward = {module: sorted(t for t in targets if _within(t, UPPER))
               for module, targets in imports().items() if _within(module, LOWER)}
     assert {m: t for m, t in upward.items() if t} == {}
+
+
+def test_tables_stand_below_the_data_plane():
+    """sparkddl.tables reads tables' metadata for the data plane and never imports it."""
+    graph = imports()
+    tables = {m: t for m, t in graph.items() if m.startswith("sparkddl.tables")}
+    outside = set().union(*tables.values()) - set(tables)
+    assert outside <= {"sparkddl.errors", "sparkddl.store", "sparkddl.store.store"}
+
+
+def test_the_data_plane_reads_table_formats_only_through_tables():
+    """No module outside sparkddl.tables opens a Delta log, Iceberg's manifests or a
+    deletion vector: they are what sparkddl.tables is for."""
+    markers = ("deltalake", "pyiceberg", "_delta_log", "deletionVector")
+    offenders = sorted(str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py")
+                       if not module_name(p).startswith("sparkddl.tables")
+                       and any(m in p.read_text(encoding="utf-8") for m in markers))
+    assert offenders == []
 
 
 def test_sessions_are_told_apart_only_in_the_session_package():

@@ -8,7 +8,8 @@ import pytest
 from pyarrow import fs as pafs
 
 from sparkddl.data.batching import Rebatcher, decode_arrow
-from sparkddl.data.plan import list_row_groups, plan_shards, shard_pieces, shard_rows
+from sparkddl.data.plan import plan_shards, shard_pieces, shard_rows
+from sparkddl.tables.parquet import list_row_groups
 from sparkddl.data.schema import ColumnSpec, DataSpec, check_columns, column_spec
 from sparkddl.errors import DataError
 from tests.stacks import needs_petastorm

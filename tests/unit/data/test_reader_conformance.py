@@ -19,7 +19,8 @@ from pyarrow import fs as pafs
 
 from sparkddl.data import arrow_source, petastorm_source, reader as reader_module
 from sparkddl.data.epoch_cache import drop_epoch_caches
-from sparkddl.data.plan import ShardPlan, list_row_groups, plan_shards, resolve_reader
+from sparkddl.data.plan import ShardPlan, plan_shards, resolve_reader
+from sparkddl.tables.parquet import list_row_groups
 from sparkddl.data.reader import epoch_batches
 from sparkddl.data.schema import ColumnSpec
 from sparkddl.errors import ConfigError, DataError

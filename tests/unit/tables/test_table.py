@@ -7,8 +7,8 @@ import pickle
 import pyarrow as pa
 import pytest
 
-from sparkddl.data.listing import (Listing, hive_listing, hive_values, infer_type,
-                                   partition_names)
+from sparkddl.tables.hive import hive_table, hive_values, infer_type, partition_names
+from sparkddl.tables.table import Table
 from sparkddl.errors import DataError
 
 
@@ -28,7 +28,7 @@ def test_types_are_inferred_as_spark_infers_them(values, expected):
 
 
 def test_partition_columns_are_added_as_constants_in_the_order_asked():
-    listing = hive_listing("/t", ["/t/p=0/a", "/t/p=1/b"], ["p"])
+    listing = hive_table("/t", ["/t/p=0/a", "/t/p=1/b"], ["p"])
     assert listing.types == ("int64",) and listing.values == ((0,), (1,))
     table = pa.table({"x": [1.5, 2.5, 3.5]})
     assert listing.file_columns(["p", "x"]) == ["x"]
@@ -42,13 +42,13 @@ def test_partition_columns_are_added_as_constants_in_the_order_asked():
 
 
 def test_spark_types_are_kept_and_bad_or_null_values_are_data_errors():
-    listing = hive_listing("", ["/t/p=1/a"], ["p"], {"p": "float32"})
+    listing = hive_table("", ["/t/p=1/a"], ["p"], {"p": "float32"})
     assert listing.values == ((1.0,),) and listing.arrow_types()["p"] == pa.float32()
     with pytest.raises(DataError, match=r"partition column 'p' is null for /t/p=__HIVE"):
-        hive_listing("", ["/t/p=__HIVE_DEFAULT_PARTITION__/a"], ["p"], {"p": "int32"})
+        hive_table("", ["/t/p=__HIVE_DEFAULT_PARTITION__/a"], ["p"], {"p": "int32"})
     with pytest.raises(DataError, match=r"'p' of /t/p=x/a has value 'x', which is not a int32"):
-        hive_listing("", ["/t/p=x/a"], ["p"], {"p": "int32"})
+        hive_table("", ["/t/p=x/a"], ["p"], {"p": "int32"})
     with pytest.raises(DataError, match=r"/t/a is not in a p=<value> folder"):
-        hive_listing("/t", ["/t/a"], ["p"])
+        hive_table("/t", ["/t/a"], ["p"])
     with pytest.raises(ValueError):
-        Listing(("/a",), ("p",), ("int64",), ())
+        Table(("/a",), ("p",), ("int64",), ())

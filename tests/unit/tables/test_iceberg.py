@@ -27,7 +27,7 @@ from sparkddl.errors import DataError
 
 pytest.importorskip("pyiceberg")
 
-from sparkddl.data.iceberg import iceberg_listing, table_url  # noqa: E402
+from sparkddl.tables.iceberg import iceberg_table, table_url  # noqa: E402
 
 SPEC = DataSpec.of("a", "part", extra="id")
 WRITES = int(pa.__version__.split(".")[0]) >= 18  # what pyiceberg 0.12's writer needs
@@ -111,7 +111,7 @@ def oracle(table) -> list[tuple]:
 
 
 def read(table, spec=SPEC, **options) -> list[tuple]:
-    listing = iceberg_listing(table)
+    listing = iceberg_table(table)
     prepared = prepare_table(table_url(table, listing), spec, num_workers=2, batch_size=4,
                              validation=None, seed=0, listing=listing, **options)
     got = read_rows(prepared.train)
@@ -129,7 +129,7 @@ def test_the_current_snapshot_is_read_in_place_as_pyiceberg_reads_it(tmp_path, p
     expected = oracle(table)
     # ids 100..119 are in two appends: both files' rows
     assert [i for i, _, _ in expected] == sorted([*range(120), *range(100, 220), *range(250, 300)])
-    listing = iceberg_listing(table)
+    listing = iceberg_table(table)
     assert list(listing.paths) == sorted(listing.paths)
     assert on_disk(table) > len(listing.paths)  # the deleted rows' files are still there
     assert read(table) == expected
@@ -145,7 +145,7 @@ def test_partition_values_come_from_the_manifests(tmp_path):
     """The listing's partition values are the table's, not read from the files: a file
     written as another partition's would show it."""
     table = build(tmp_path)
-    listing = iceberg_listing(table)
+    listing = iceberg_table(table)
     for path, values in zip(listing.paths, listing.values):
         data = pq.ParquetFile(path).read(columns=["part", "tag"])  # the file alone
         assert set(data["part"].to_pylist()) == {values[0]}
@@ -248,10 +248,10 @@ def test_positional_delete_files_are_applied_by_the_ranks_as_pyiceberg_applies_t
     expected = labeled(table)  # pyiceberg applies positional deletes: the oracle
     assert len(expected) == sum(SIZES) - sum(len(v) for v in DELETED.values())
     assert all(label >= 0 for *_, label in expected)
-    listing = iceberg_listing(table)
-    vectors = listing.deletes.vectors
+    listing = iceberg_table(table)
+    vectors = listing.masks.by_file
     assert [len(v) for v in vectors.values()] == ([1, 2] if bounds else [2, 2, 2, 2])
-    assert {v.where for d in vectors.values() for v in d} == set(uris[:2] if bounds else uris)
+    assert {v.data_file for d in vectors.values() for v in d} == set(uris[:2] if bounds else uris)
     prepared = prepare_table(table_url(table, listing), LABELED, num_workers=3, batch_size=4,
                              validation=None, seed=0, listing=listing)
     assert prepared.train.rows == len(expected)
@@ -269,8 +269,8 @@ def test_positional_delete_files_are_applied_by_the_ranks_as_pyiceberg_applies_t
         seen += mine
     assert sorted(seen) == expected
     # plans ship the descriptors, never the positions
-    assert set(listing.deletes.__getstate__()) == {"vectors"}
-    assert pickle.loads(pickle.dumps(listing.deletes)) == listing.deletes
+    assert set(listing.masks.__getstate__()) == {"by_file"}
+    assert pickle.loads(pickle.dumps(listing.masks)) == listing.masks
 
 
 def test_a_partitioned_table_with_a_positional_delete_file_reads_as_pyiceberg(tmp_path):
@@ -284,7 +284,7 @@ def test_a_partitioned_table_with_a_positional_delete_file_reads_as_pyiceberg(tm
 def test_a_validation_split_holds_no_deleted_row(tmp_path):
     table, _ = with_positional_deletes(tmp_path)
     expected = labeled(table)
-    listing = iceberg_listing(table)
+    listing = iceberg_table(table)
     data = prepare_table(table_url(table, listing), LABELED, num_workers=2, batch_size=4,
                          validation=0.3, seed=2, listing=listing)
     train, val = read_rows(data.train), read_rows(data.val)
@@ -298,7 +298,7 @@ def test_a_positional_delete_changes_the_fingerprint(tmp_path):
     table, uris = with_positional_deletes(tmp_path, by_file=BY_FILE[:1])
 
     def fingerprint():
-        listing = iceberg_listing(table)
+        listing = iceberg_table(table)
         return prepare_table(table_url(table, listing), LABELED, num_workers=2, batch_size=4,
                              validation=None, seed=0, listing=listing).fingerprint
     before = fingerprint()
@@ -317,7 +317,7 @@ def test_a_positional_delete_file_that_does_not_fit_names_both_files(tmp_path, d
     table, _ = with_positional_deletes(tmp_path, by_file)
     if damage == "gone":
         os.remove(os.path.join(table.location().removeprefix("file://"), "pos1-deletes.parquet"))
-    listing = iceberg_listing(table)
+    listing = iceberg_table(table)
     with pytest.raises(DataError, match=match):
         prepare_table(table_url(table, listing), LABELED, num_workers=2, batch_size=4,
                       validation=None, seed=0, listing=listing)
@@ -328,7 +328,7 @@ def test_equality_delete_files_are_refused_saying_why(tmp_path):
     commit_delete_file(table, "equality")
     with pytest.raises(DataError, match=r"has equality delete files, which sparkddl does not "
                                         r"apply; sparkddl applies positional delete files"):
-        iceberg_listing(table)
+        iceberg_table(table)
 
 
 @pytest.mark.parametrize("by_pyiceberg", [
@@ -342,7 +342,7 @@ def test_a_renamed_column_is_refused_naming_it(tmp_path, by_pyiceberg):
     assert table.scan().to_arrow().column_names == ["id", "b", "part", "tag"]
     with pytest.raises(DataError, match=r"column 'a' of .* is the Iceberg table ns.t's column "
                                         r"'b' \(field id 2\), renamed"):
-        iceberg_listing(table)
+        iceberg_table(table)
 
 
 @pytest.mark.skipif(not WRITES, reason="pyiceberg 0.12 writes with pyarrow >= 18 only")
@@ -357,7 +357,7 @@ def test_a_column_dropped_and_added_again_is_refused(tmp_path):
     assert table.scan().to_arrow()["a"].null_count == 50  # Iceberg: not the old values
     with pytest.raises(DataError, match=r"column 'a' of .* \(field id 2\) is not the Iceberg "
                                         r"table ns.t's column 'a'"):
-        iceberg_listing(table)
+        iceberg_table(table)
 
 
 def test_files_added_from_outside_the_location_are_read_from_their_common_folder(tmp_path):
@@ -367,7 +367,7 @@ def test_files_added_from_outside_the_location_are_read_from_their_common_folder
     outside.mkdir()
     pq.write_table(rows(0, 40), outside / "x.parquet")
     table.add_files([(outside / "x.parquet").as_uri()])
-    listing = iceberg_listing(table)
+    listing = iceberg_table(table)
     assert table_url(table, listing) == tmp_path.as_uri()
     assert read(table) == oracle(table)
 
@@ -380,11 +380,11 @@ def test_a_partition_column_null_for_some_files_is_read_from_the_files(tmp_path)
     data = rows(0, 30)
     table.append(data.set_column(2, "part", pa.array([None if i % 3 == 0 else i % 3
                                                       for i in range(30)], pa.int64())))
-    assert iceberg_listing(table).columns == ()
-    got = read_rows(prepare_table(table_url(table, iceberg_listing(table)),
+    assert iceberg_table(table).columns == ()
+    got = read_rows(prepare_table(table_url(table, iceberg_table(table)),
                                   DataSpec.of("a", extra="id"), num_workers=2, batch_size=4,
                                   validation=None, seed=0,
-                                  listing=iceberg_listing(table)).train)
+                                  listing=iceberg_table(table)).train)
     expected = table.scan().to_arrow()
     assert sorted(zip(got["id"].tolist(), got["a"].tolist())) == \
         sorted(zip(expected["id"].to_pylist(), expected["a"].to_pylist()))
@@ -397,13 +397,13 @@ def test_positional_delete_files_are_read_row_group_by_row_group_whatever_their_
     position (refused: the spec requires both columns)."""
     from pyarrow import fs as pafs
 
-    from sparkddl.data.deletes import DeletionVector, load
+    from sparkddl.tables.masks import PositionDeletes
     local = pafs.LocalFileSystem()
     pairs = sorted((f"file:///d/{k}.parquet", p) for k in range(5) for p in range(k, 40, 7))
 
-    def delete_file(name: str, table: pa.Table, **options) -> DeletionVector:
+    def delete_file(name: str, table: pa.Table, **options) -> PositionDeletes:
         pq.write_table(table, tmp_path / name, **options)
-        return DeletionVector("iceberg-positions", "", None, 0, -1, str(tmp_path / name))
+        return PositionDeletes(str(tmp_path / name), "", 0, -1)
 
     plain = pa.table({"file_path": [f for f, _ in pairs], "pos": [p for _, p in pairs]})
     nested = pa.table({"row": [{"x": "zzz", "y": "zzz"}] * len(pairs), **plain.to_pydict()})
@@ -411,19 +411,32 @@ def test_positional_delete_files_are_read_row_group_by_row_group_whatever_their_
                delete_file("nested.parquet", nested, row_group_size=4)):
         for k in range(5):
             where = f"file:///d/{k}.parquet"
-            got = load(DeletionVector(dv.storage, where, None, 0, -1, dv.file), local, where, 40)
+            got = PositionDeletes(dv.file, where, 0, -1).deleted_rows(local, where, 40)
             assert got.tolist() == list(range(k, 40, 7))
     bad = delete_file("null.parquet", pa.table({"file_path": ["f", "f"],
                                                 "pos": pa.array([5, None], pa.int64())}))
     with pytest.raises(DataError, match="null file_path or pos"):
-        load(DeletionVector(bad.storage, "f", None, 0, -1, bad.file), local, "f", 40)
+        PositionDeletes(bad.file, "f", 0, -1).deleted_rows(local, "f", 40)
 
 
 def test_a_data_file_rewritten_under_its_name_is_refused(tmp_path):
     table, uris = with_positional_deletes(tmp_path)
     path = uris[0].removeprefix("file://")
     pq.write_table(pq.read_table(path).slice(0, 39), path)  # a row short: positions shift
-    listing = iceberg_listing(table)
+    listing = iceberg_table(table)
     with pytest.raises(DataError, match="holds 39 rows where the table's log says 40"):
         prepare_table(table_url(table, listing), LABELED, num_workers=2, batch_size=4,
                       validation=None, seed=0, listing=listing)
+
+
+@pytest.mark.parametrize("gone", ["manifest", "manifest list"])
+def test_a_missing_iceberg_manifest_names_the_file(tmp_path, gone):
+    table = build(tmp_path)
+    snapshot = table.current_snapshot()
+    path = (snapshot.manifests(table.io)[0].manifest_path if gone == "manifest"
+            else snapshot.manifest_list).removeprefix("file://")
+    os.remove(path)
+    with pytest.raises(DataError, match="metadata file of the Iceberg table .* is gone") as info:
+        iceberg_table(table)
+    assert path in str(info.value)
+

@@ -5,12 +5,12 @@ they are expired).
 
 What is read in place and what is refused, file by file:
 
-- identity-partition values become partition columns of the :class:`Listing` (numbers,
+- identity-partition values become partition columns of the :class:`Table` (numbers,
   booleans and strings, where no file's value is null; the files hold those columns too, as
   Iceberg writes them);
 - positional delete files (Parquet, as Spark and Flink write them with merge-on-read;
   pyiceberg's own ``delete`` rewrites files) are applied as row masks, like Delta's deletion
-  vectors (:mod:`sparkddl.data.deletes`): the listing names each data file's delete files,
+  vectors (:mod:`sparkddl.tables.masks`): the listing names each data file's delete files,
   and the rank that reads a data file reads the positions they delete from it;
 - equality delete files, and deletion vectors in Puffin files (format version 3), are
   refused, saying why;
@@ -24,13 +24,13 @@ from __future__ import annotations
 import posixpath
 from typing import Any
 
-from sparkddl.data.deletes import ICEBERG, DeletionVector, Deletes
-from sparkddl.data.spark_frames import union, without_deleted
-from sparkddl.data.listing import Listing
-from sparkddl.data.plan import parquet_file
 from sparkddl.errors import DataError
 from sparkddl.store import Store
 from sparkddl.store.store import split_uri
+from sparkddl.tables.frames import union, without_deleted
+from sparkddl.tables.masks import PositionDeletes, RowMasks
+from sparkddl.tables.parquet import parquet_file
+from sparkddl.tables.table import Table
 
 FIELD_ID = b"PARQUET:field_id"
 # Iceberg's primitive types read in place as partition columns, as Arrow type names
@@ -41,7 +41,7 @@ _MERGE_ON_READ = ("sparkddl applies positional delete files in Parquet only: rea
                   "materialized, or rewrite its data files (Iceberg's rewrite_data_files)")
 
 
-def iceberg_listing(table: Any) -> Listing:
+def iceberg_table(table: Any) -> Table:
     """The data files of the current snapshot of the pyiceberg ``table`` (filesystem paths,
     sorted) with its identity-partition values and its positional delete files (descriptors:
     the ranks read them). DataError for equality delete files, delete files not in Parquet,
@@ -49,9 +49,19 @@ def iceberg_listing(table: Any) -> Listing:
     name = _name(table)
     try:
         tasks = list(table.scan().plan_files())
+    except FileNotFoundError as exc:
+        raise DataError(f"a metadata file of the Iceberg table {name} is gone ({exc}): a "
+                        "manifest or manifest list deleted under the table (expired or moved); "
+                        "the table is damaged, or changed while it was read: load it again, or "
+                        "read it through Spark with Iceberg's runtime jar") from None
+    except (OSError, EOFError) as exc:
+        raise DataError(f"a metadata file of the Iceberg table {name} cannot be read "
+                        f"({type(exc).__name__}: {exc}); it is truncated or damaged: read the "
+                        "table through Spark with Iceberg's runtime jar to check it") from None
     except ValueError as exc:
         if "equality delete" not in str(exc):
-            raise
+            raise DataError(f"the scan of the Iceberg table {name} cannot be planned here "
+                            f"({exc}); read it through Spark with Iceberg's runtime jar") from None
         raise DataError(f"the Iceberg table {name} has equality delete files, which "
                         f"sparkddl does not apply; {_MERGE_ON_READ}") from None
     stores = {task.file.file_path: Store.from_uri(task.file.file_path) for task in tasks}
@@ -61,15 +71,15 @@ def iceberg_listing(table: Any) -> Listing:
     vectors = {paths[t.file.file_path]: _delete_files(t, name) for t in order if t.delete_files}
     # each file's row count in its manifest, checked against its footer: positions of a file
     # rewritten under the same name would name other rows
-    listing = Listing(tuple(paths[t.file.file_path] for t in order), columns, types, values,
-                      Deletes(vectors) if vectors else None,
+    listing = Table(tuple(paths[t.file.file_path] for t in order), columns, types, values,
+                      RowMasks(vectors) if vectors else None,
                       records=tuple(int(t.file.record_count) for t in order))
     if stores:
         check_columns(table, next(iter(stores.values())).filesystem(), listing.paths, name)
     return listing
 
 
-def _delete_files(task: Any, name: str) -> tuple[DeletionVector, ...]:
+def _delete_files(task: Any, name: str) -> tuple[PositionDeletes, ...]:
     """The descriptors of the positional delete files of a scan task's data file (sorted by
     path); DataError for an equality delete file or one not in Parquet."""
     from pyiceberg.manifest import DataFileContent, FileFormat
@@ -86,8 +96,8 @@ def _delete_files(task: Any, name: str) -> tuple[DeletionVector, ...]:
                             f"(deletion vectors in Puffin files, or ORC); {_MERGE_ON_READ}")
         store = Store.from_uri(d.file_path)
         path = store.fs_path(store.url())
-        found[path] = DeletionVector(ICEBERG, task.file.file_path, None,
-                                     int(d.file_size_in_bytes), int(d.record_count), path)
+        found[path] = PositionDeletes(path, task.file.file_path, int(d.file_size_in_bytes),
+                                      int(d.record_count))
     return tuple(found[p] for p in sorted(found))
 
 
@@ -110,7 +120,7 @@ def read_iceberg(spark: Any, table_or_identifier: Any, catalog: Any = None) -> A
         DataError: no data files, equality deletes or renamed columns.
     """
     table = _table(table_or_identifier, catalog)
-    listing = iceberg_listing(table)
+    listing = iceberg_table(table)
     if not listing.paths:
         raise DataError(f"the Iceberg table {_name(table)} has no data files in its current "
                         "snapshot; append rows to it first")
@@ -119,7 +129,7 @@ def read_iceberg(spark: Any, table_or_identifier: Any, catalog: Any = None) -> A
     root = store.fs_path(store.url())
     # no basePath: Iceberg's files hold their identity-partition columns, and Spark's
     # inference from the folder names (types, escaping) could differ from the table's values
-    deleted = listing.deletes.vectors if listing.deletes else {}
+    deleted = listing.masks.by_file if listing.masks else {}
     plain = [store.spark_url(posixpath.relpath(p, root)) for p in listing.paths
              if p not in deleted]
     frames = [spark.read.parquet(*plain)] if plain else []
@@ -138,7 +148,7 @@ def read_iceberg(spark: Any, table_or_identifier: Any, catalog: Any = None) -> A
     return frame
 
 
-def table_url(table: Any, listing: Listing) -> str:
+def table_url(table: Any, listing: Table) -> str:
     """The table's location, or the folder above it that holds every file of ``listing``
     (files added from elsewhere by ``add_files``)."""
     url = Store.from_uri(table.location()).url()

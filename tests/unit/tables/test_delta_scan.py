@@ -10,9 +10,9 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from sparkddl.data.delta import scan_listing
+from sparkddl.tables.delta import scan_table
 from tests.delta_build import DeltaBuilder
-from tests.unit.data.test_deletes import table_of
+from tests.unit.tables.test_masks import table_of
 
 
 def table(tmp_path, name, **configuration):
@@ -27,12 +27,12 @@ def test_a_plain_delta_table_is_read_in_place_and_the_others_say_why(tmp_path):
     pytest.importorskip("deltalake")
     for url in (table(tmp_path, "plain"),
                 table(tmp_path, "cm", **{"delta.columnMapping.mode": "name"})):
-        listing, why = scan_listing(url, None)
+        listing, why = scan_table(url, None)
         assert why == "" and len(listing.paths) == 3
     DeltaBuilder(tmp_path / "tw", features=("typeWidening",)).add_file(table_of(0, 5))
-    listing, why = scan_listing((tmp_path / "tw").as_uri(), 0)
+    listing, why = scan_table((tmp_path / "tw").as_uri(), 0)
     assert listing is None and "reader feature(s) typeWidening" in why
-    listing, why = scan_listing((tmp_path / "nothing").as_uri(), None)
+    listing, why = scan_table((tmp_path / "nothing").as_uri(), None)
     assert listing is None and "could not be read here" in why
 
 
@@ -41,11 +41,11 @@ def test_a_table_with_deletion_vectors_is_read_at_the_version_the_scan_reads(tmp
     f = t.add_file(table_of(0, 50))
     t.delete({f: [1, 2]})  # version 1: same file, other rows
     url = (tmp_path / "dv").as_uri()
-    before, why = scan_listing(url, 0)
-    assert why == "" and before.deletes is None
-    after, why = scan_listing(url, 1)
-    assert why == "" and len(after.deletes.vectors) == 1
-    unknown, why = scan_listing(url, None)  # the same paths at both: which rows is unknown
+    before, why = scan_table(url, 0)
+    assert why == "" and before.masks is None
+    after, why = scan_table(url, 1)
+    assert why == "" and len(after.masks.by_file) == 1
+    unknown, why = scan_table(url, None)  # the same paths at both: which rows is unknown
     assert unknown is None and "could not be told" in why
-    gone, why = scan_listing(url, 7)
+    gone, why = scan_table(url, 7)
     assert gone is None and "could not be read here at version 7" in why

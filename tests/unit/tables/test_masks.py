@@ -12,7 +12,7 @@ import pytest
 
 from sparkddl.data import DataSpec
 from sparkddl.data.arrow_source import read_sub_shard
-from sparkddl.data.deletes import decode, z85_decode
+from sparkddl.tables.roaring import decode, z85_decode
 from sparkddl.data.local import batches, read_rows
 from sparkddl.data.source import prepare_parquet, prepare_table
 from sparkddl.errors import DataError
@@ -82,7 +82,7 @@ def test_every_storage_type_is_applied_on_the_files_that_carry_one(tmp_path):
     assert oracle(tmp_path / "d") == expected
     data = prepare_parquet(str(tmp_path / "d"), SPEC, num_workers=3, batch_size=4)
     assert data.train.rows == len(expected)
-    assert len(data.train.listing.deletes.vectors) == 3  # the file without deletes: none
+    assert len(data.train.listing.masks.by_file) == 3  # the file without deletes: none
     rows = read_rows(data.train)
     assert sorted(rows["x"].tolist()) == expected and (rows["label"] >= 0).all()
     # every rank its own rows, and together every row that is not deleted, once
@@ -98,9 +98,9 @@ def test_every_storage_type_is_applied_on_the_files_that_carry_one(tmp_path):
     shared = [x for r in range(3) for b in batches(data.train, 7, r, 3) for x in b["x"].tolist()]
     assert sorted(shared) == expected
     # labels are measured on the rows that are not deleted (not the footers' -1)
-    from sparkddl.data.delta import delta_listing
+    from sparkddl.tables.delta import delta_table
     table = prepare_table(str(tmp_path / "d"), SPEC, num_workers=3, batch_size=4,
-                          validation=None, seed=0, listing=delta_listing(str(tmp_path / "d")))
+                          validation=None, seed=0, listing=delta_table(str(tmp_path / "d")))
     assert table.label_range("label") == (0, 9) and table.train.rows == len(expected)
 
 
@@ -123,9 +123,9 @@ def test_partitioned_and_checkpointed_tables(tmp_path, v2):
 
 
 def test_a_validation_split_never_holds_a_deleted_row(tmp_path):
-    from sparkddl.data.delta import delta_listing
+    from sparkddl.tables.delta import delta_table
     _, expected = build(tmp_path / "d")
-    listing = delta_listing(str(tmp_path / "d"))
+    listing = delta_table(str(tmp_path / "d"))
     data = prepare_table(str(tmp_path / "d"), SPEC, num_workers=2, batch_size=4,
                          validation=0.3, seed=2, listing=listing)
     train, val = read_rows(data.train)["x"].tolist(), read_rows(data.val)["x"].tolist()
@@ -137,7 +137,7 @@ def test_a_delete_changes_the_fingerprint_and_tables_without_deletes_need_none(t
     t = DeltaBuilder(tmp_path / "d")  # deletion vectors enabled, none written yet
     f = t.add_file(table_of(0, 50))
     before = prepare_parquet(str(tmp_path / "d"), SPEC, num_workers=2, batch_size=4)
-    assert before.train.listing.deletes is None and before.train.rows == 50
+    assert before.train.listing.masks is None and before.train.rows == 50
     t.delete({f: [1, 2]})
     after = prepare_parquet(str(tmp_path / "d"), SPEC, num_workers=2, batch_size=4)
     assert after.train.rows == 48 and after.fingerprint != before.fingerprint
@@ -184,13 +184,13 @@ def test_a_bitmap_in_another_serialization_is_refused(tmp_path):
 def test_a_split_by_whole_row_groups_counts_the_rows_not_deleted(tmp_path):
     """From 16 row groups the split goes by whole groups: counted after the deletes, a group
     deleted whole on neither side, the readers' groups aligned with the plan's."""
-    from sparkddl.data.delta import delta_listing
+    from sparkddl.tables.delta import delta_table
     t = DeltaBuilder(tmp_path / "d")
     f = t.add_file(table_of(0, 400, set(range(40, 60)) | {7, 333}), row_group_size=20)
     t.delete({f: list(range(40, 60)) + [7, 333]})  # row group 2 entirely
     expected = oracle(tmp_path / "d")
     data = prepare_table(str(tmp_path / "d"), SPEC, num_workers=3, batch_size=4,
-                         validation=0.3, seed=4, listing=delta_listing(str(tmp_path / "d")))
+                         validation=0.3, seed=4, listing=delta_table(str(tmp_path / "d")))
     assert data.train.selection.groups and data.train.selection.empty
     read = []
     for side in (data.train, data.val):
@@ -217,14 +217,13 @@ def test_array_widths_are_measured_on_rows_that_are_not_deleted(tmp_path):
 
 def test_decoded_bitmaps_are_shared_by_reader_threads(tmp_path):
     import threading
-    from sparkddl.data.deletes import Deletes, descriptor
-    from sparkddl.store import Store
+    from sparkddl.tables.masks import RowMasks, descriptor
     vectors = {f"f{i}": descriptor({"storageType": "i", "pathOrInlineDv":
                                     z85_encode(serialize([i, i + 1])), "sizeInBytes":
                                     len(serialize([i, i + 1])), "cardinality": 2}, "",
-                                   Store.from_uri(str(tmp_path)), f"f{i}")
+                                   f"f{i}")
                for i in range(40)}
-    deletes, errors = Deletes(vectors), []
+    deletes, errors = RowMasks(vectors), []
 
     def read() -> None:
         try:
@@ -256,3 +255,41 @@ def test_a_table_whose_rows_are_all_deleted_says_so(tmp_path):
     t.delete({f: list(range(50))})
     with pytest.raises(DataError, match="every one of the 50 rows .* is deleted"):
         prepare_parquet(str(tmp_path / "d"), SPEC, num_workers=2, batch_size=4)
+
+
+def _rewrite_last_commit(folder, change) -> str:
+    """The table's newest commit file, its text passed through ``change``; its path."""
+    last = sorted((folder / "_delta_log").glob("*.json"))[-1]
+    last.write_text(change(last.read_text()))
+    return str(last)
+
+
+def test_a_damaged_deletion_vector_descriptor_names_the_data_file(tmp_path):
+    """A UUID-stored descriptor with a character Z85 does not have: a DataError naming the
+    data file, not Z85's ValueError."""
+    import json
+    t = DeltaBuilder(tmp_path / "d")
+    f = t.add_file(table_of(0, 50))
+    t.delete({f: [1, 2]})
+
+    def damage(text: str) -> str:
+        actions = [json.loads(line) for line in text.splitlines() if line]
+        for action in actions:
+            dv = action.get("add", {}).get("deletionVector")
+            if dv:
+                dv["pathOrInlineDv"] = dv["pathOrInlineDv"][:-1] + "~"
+        return "\n".join(json.dumps(a) for a in actions) + "\n"
+    _rewrite_last_commit(tmp_path / "d", damage)
+    with pytest.raises(DataError, match=r"UUID that is not Z85") as info:
+        prepare_parquet(str(tmp_path / "d"), SPEC, num_workers=2, batch_size=4)
+    assert f in str(info.value)
+
+
+def test_a_truncated_delta_commit_names_the_commit_file(tmp_path):
+    t = DeltaBuilder(tmp_path / "d")
+    t.add_file(table_of(0, 50))
+    t.add_file(table_of(50, 50))
+    path = _rewrite_last_commit(tmp_path / "d", lambda text: text[:len(text) // 2])
+    with pytest.raises(DataError, match="truncated or damaged") as info:
+        prepare_parquet(str(tmp_path / "d"), SPEC, num_workers=2, batch_size=4)
+    assert path in str(info.value)

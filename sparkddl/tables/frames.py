@@ -5,8 +5,8 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
-from sparkddl.data.listing import Listing
-from sparkddl.data.plan import parquet_file
+from sparkddl.tables.parquet import parquet_file
+from sparkddl.tables.table import Table
 
 
 def union(frames: list[Any]) -> Any:
@@ -22,7 +22,7 @@ def file_rows(filesystem: Any, path: str) -> int:
         return int(f.metadata.num_rows)
 
 
-def without_deleted(spark: Any, filesystem: Any, listing: Listing,
+def without_deleted(spark: Any, filesystem: Any, listing: Table,
                     read: Callable[[str, list[Any]], Any]) -> Any:
     """The files of ``listing`` that have deletes, less the rows they delete: ``read(path,
     extra)`` is Spark's reading of one file with the ``extra`` columns selected (the file's
@@ -33,8 +33,8 @@ def without_deleted(spark: Any, filesystem: Any, listing: Listing,
     from pyspark.sql import functions as F
 
     tagged, numbers, indexes = [], [], []
-    for n, path in enumerate(p for p in listing.paths if p in listing.deletes.vectors):
-        gone = listing.deletes.deleted(filesystem, path, file_rows(filesystem, path))
+    for n, path in enumerate(p for p in listing.paths if p in listing.masks.by_file):
+        gone = listing.masks.deleted(filesystem, path, file_rows(filesystem, path))
         numbers.append(np.full(len(gone), n, np.int32))
         indexes.append(gone.astype(np.int64))
         tagged.append(read(path, [F.lit(n).alias("__sparkddl_file"),

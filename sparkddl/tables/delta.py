@@ -4,7 +4,7 @@ of every version until they are vacuumed).
 
 The log is read with the ``deltalake`` package (the ``delta`` extra; no Spark jar), and
 replayed here for what deltalake does not give: each file's deletion vector
-(:mod:`sparkddl.data.deletes`), which the rank reading that file applies as a row mask.
+(:mod:`sparkddl.tables.masks`), which the rank reading that file applies as a row mask.
 Whether a table is read in place is decided by the reader features its protocol lists,
 against an allow-list (:data:`READER_FEATURES`), never by a table property: a table with
 deletion vectors enabled whose files carry none is read as plain files, and column mapping
@@ -15,14 +15,15 @@ from __future__ import annotations
 
 import posixpath
 from typing import Any
-from urllib.parse import unquote, urlparse
+from urllib.parse import unquote
 
-from sparkddl.data.deletes import Deletes, descriptor
-from sparkddl.data.delta_log import DELTA_LOG, column_mapping, logged_vectors
-from sparkddl.data.listing import Listing
-from sparkddl.data.spark_frames import union, without_deleted
 from sparkddl.errors import DataError
 from sparkddl.store import Store
+from sparkddl.tables.delta_log import DELTA_LOG, column_mapping, damaged_commit, logged_vectors
+from sparkddl.tables.frames import union, without_deleted
+from sparkddl.tables.masks import RowMasks, descriptor
+from sparkddl.tables.paths import fs_path
+from sparkddl.tables.table import Table
 
 # reader features of a Delta protocol that sparkddl applies reading the files itself;
 # vacuumProtocolCheck only asks writers and vacuum to check the protocol first; timestamps
@@ -43,7 +44,7 @@ def is_delta(url: str) -> bool:
         return False
 
 
-def delta_listing(url: str) -> Listing | None:
+def delta_table(url: str) -> Table | None:
     """The files of the current version of the Delta table at ``url`` with their partition
     values, deletion vectors and column mapping; None where ``url`` is not a
     Delta table. DataError where it cannot be read in place (no ``deltalake``, a reader
@@ -60,13 +61,29 @@ def delta_listing(url: str) -> Listing | None:
                         "spark.read.format('delta').load(url) from a session with Delta "
                         "Lake") from None
     store = Store.from_uri(url)
-    table = open_table(DeltaTable, store)
+    try:
+        table = open_table(DeltaTable, store)
+    except Exception as exc:  # noqa: BLE001 - deltalake's errors name no file: find it
+        raise unreadable_log(store, exc) from None
     why = not_in_place(table)
     if why:
         raise DataError(f"the Delta table at {url} {why}, which a reader of its Parquet files "
                         "alone cannot apply; pass spark.read.format('delta').load(url) from a "
                         "session with Delta Lake (it is then materialized once)")
-    return listing_of(store, table)
+    return table_of(store, table)
+
+
+def unreadable_log(store: Store, exc: BaseException) -> DataError:
+    """The DataError for a Delta log deltalake could not open, naming the log's file that
+    is damaged where one of its commits does not parse (deltalake's message names none)."""
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    where = damaged_commit(store)
+    if where:
+        return DataError(f"the Delta log's commit {where} cannot be read ({first}); "
+                         "it is truncated or damaged: repair the table (read it through "
+                         "Spark with Delta Lake), or restore the commit")
+    return DataError(f"the Delta log of {store.url()} cannot be read here ({first}); read the "
+                     "table through Spark with Delta Lake")
 
 
 def read_delta(spark: Any, url: str) -> Any:
@@ -88,7 +105,7 @@ def read_delta(spark: Any, url: str) -> Any:
         DataError: not a Delta table, no data files, or a reader feature sparkddl does not
             apply.
     """
-    listing = delta_listing(url)
+    listing = delta_table(url)
     if listing is None:
         raise DataError(f"{url} is not a Delta table (no {DELTA_LOG}/ in it); read a folder of "
                         "Parquet files with spark.read.parquet(url)")
@@ -105,7 +122,7 @@ _SPARK_TYPES = {"int64": "bigint", "int32": "int", "int16": "smallint", "int8": 
                 "float64": "double", "float32": "float", "bool": "boolean", "string": "string"}
 
 
-def _frame(spark: Any, store: Store, listing: Listing) -> Any:
+def _frame(spark: Any, store: Store, listing: Table) -> Any:
     """Spark's reading of ``listing``'s files as the table holds them."""
     from pyspark.sql import functions as F
 
@@ -113,7 +130,7 @@ def _frame(spark: Any, store: Store, listing: Listing) -> Any:
     # without column mapping, partition values are folder names Spark reads (basePath);
     # with it, files lie under random prefixes and the log alone has the values
     reader = spark.read if mapped else spark.read.option("basePath", store.spark_url())
-    deletes = listing.deletes.vectors if listing.deletes else {}
+    deletes = listing.masks.by_file if listing.masks else {}
     index = {p: i for i, p in enumerate(listing.paths)}
 
     def values(path: str) -> tuple:
@@ -155,7 +172,7 @@ def open_table(delta_table: Any, store: Store) -> Any:
     return delta_table(store.fs_path(store.url()) if store.scheme == "file" else store.url())
 
 
-def scan_listing(url: str, version: int | None) -> tuple[Listing | None, str]:
+def scan_table(url: str, version: int | None) -> tuple[Table | None, str]:
     """For a scan of the Delta table at ``url`` by Spark with Delta Lake: its files at the
     scanned ``version`` (None: not told by Spark's plan), read in place, or None and why not
     (no ``deltalake`` here, a log it cannot read, a reader feature not applied, or a version
@@ -184,7 +201,7 @@ def scan_listing(url: str, version: int | None) -> tuple[Listing | None, str]:
                       "Spark's plan, and the table can have deletion vectors, so the same "
                       "files may hold other rows in the latest version")
     try:
-        return listing_of(store, table), ""
+        return table_of(store, table), ""
     except DataError as exc:
         return None, str(exc)
 
@@ -206,7 +223,7 @@ def not_in_place(table: Any) -> str:
     return ""
 
 
-def listing_of(store: Store, table: Any) -> Listing:
+def table_of(store: Store, table: Any) -> Table:
     """The files of ``table``'s version (sorted by path) and each one's partition values."""
     actions = table.get_add_actions(flatten=True)
     names = list(actions.column_names)
@@ -216,26 +233,17 @@ def listing_of(store: Store, table: Any) -> Listing:
     values = list(zip(*[actions.column(f"partition.{c}").to_pylist() for c in parts])) \
         if parts else [()] * len(rel)
     root = store.fs_path(store.url())
-    paths = [_path(store, root, p) for p in rel]
+    paths = [fs_path(p, root) for p in rel]
     order = sorted(range(len(paths)), key=paths.__getitem__)
     types = [_type(c, [v[i] for v in values], store.url()) for i, c in enumerate(parts)]
-    deletes = {paths[i]: descriptor(vectors[unquote(rel[i])], root, store, paths[i])
+    deletes = {paths[i]: descriptor(vectors[unquote(rel[i])], root, paths[i])
                for i in range(len(rel)) if vectors.get(unquote(rel[i]))}
     records = actions.column("num_records").to_pylist() if "num_records" in names \
         else [None] * len(rel)
-    return Listing(tuple(paths[i] for i in order), tuple(parts), tuple(types),
+    return Table(tuple(paths[i] for i in order), tuple(parts), tuple(types),
                    tuple(tuple(values[i]) for i in order) if parts else (),
-                   Deletes(deletes) if deletes else None, column_mapping(table),
+                   RowMasks(deletes) if deletes else None, column_mapping(table),
                    tuple(-1 if records[i] is None else int(records[i]) for i in order))
-
-
-def _path(store: Store, root: str, path: str) -> str:
-    """A file named by the Delta log (relative and URL-encoded, or an absolute URI) as a
-    path in the store's filesystem."""
-    if urlparse(path).scheme:  # an absolute URI, %-encoded as the protocol has it
-        other = Store.from_uri(unquote(path))
-        return other.fs_path(other.url())
-    return posixpath.join(root, unquote(path))
 
 
 def _type(column: str, values: list[Any], url: str) -> str:

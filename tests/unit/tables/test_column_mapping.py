@@ -8,12 +8,12 @@ import pytest
 
 from sparkddl.data import DataSpec
 from sparkddl.data.arrow_source import read_sub_shard
-from sparkddl.data.delta import delta_listing
+from sparkddl.tables.delta import delta_table
 from sparkddl.data.local import read_rows
 from sparkddl.data.source import prepare_parquet, prepare_table
 from sparkddl.errors import DataError
 from tests.delta_build import DeltaBuilder
-from tests.unit.data.test_deletes import oracle, table_of
+from tests.unit.tables.test_masks import oracle, table_of
 
 SPEC = DataSpec.of(["x", "part"], ["label"])
 
@@ -26,7 +26,7 @@ def test_a_column_mapped_table_is_read_by_its_own_names(tmp_path, mode):
     t.delete({first: [1, 30]})  # and deletion vectors with it
     expected = oracle(tmp_path / "d")
     assert len(expected) == 78
-    listing = delta_listing(str(tmp_path / "d"))
+    listing = delta_table(str(tmp_path / "d"))
     assert {name for name, physical, _ in listing.renames} == {"x", "label", "part"}
     assert all(physical.startswith("col-") for _, physical, _ in listing.renames)
     data = prepare_parquet(str(tmp_path / "d"), SPEC, num_workers=2, batch_size=4)
@@ -65,7 +65,7 @@ def test_column_mapping_as_deltalake_writes_it_with_and_without_the_feature(tmp_
     for name, extra in (("v2", {}), ("v3", {"delta.enableDeletionVectors": "true"})):
         write_deltalake(str(tmp_path / name), data,
                         configuration={"delta.columnMapping.mode": "name", **extra})
-        listing = delta_listing(str(tmp_path / name))
+        listing = delta_table(str(tmp_path / name))
         assert bool(listing.renames) == (name == "v2")
         rows = read_rows(prepare_parquet(str(tmp_path / name), DataSpec.of(["x"], ["label"]),
                                          num_workers=2, batch_size=4).train)

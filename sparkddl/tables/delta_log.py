@@ -12,6 +12,7 @@ from urllib.parse import unquote
 
 from sparkddl.errors import DataError
 from sparkddl.store import Store
+from sparkddl.tables.paths import fs_path
 
 DELTA_LOG = "_delta_log"
 _CHECKPOINT = re.compile(r"^(\d{20})\.checkpoint(?:\.(\d{10})\.(\d{10}))?\.parquet$")
@@ -70,17 +71,19 @@ def logged_vectors(store: Store, version: int, files: list[str]) -> dict[str, di
             raise DataError(f"the Delta log of {store.url()} has no commit {v} (after the "
                             f"checkpoint at {start}); the log was cleaned up under a reader, "
                             "or is damaged: read the table through Spark with Delta Lake")
-        adds, removes = [], []
-        with fs.open_input_stream(posixpath.join(log_dir, f"{v:020d}.json")) as f:
-            for line in f.read().decode().splitlines():
-                if line.strip():
-                    action = json.loads(line)
-                    adds += [action["add"]] if "add" in action else []
-                    removes += [action["remove"]] if "remove" in action else []
-        for r in removes:  # a commit's removes and adds are of different (path, DV)s
-            live.pop(key(r), None)
-        for a in adds:
-            live[key(a)] = a.get("deletionVector") or None
+        path = posixpath.join(log_dir, f"{v:020d}.json")
+        actions = read_commit(fs, path)
+        try:
+            adds = [a["add"] for a in actions if "add" in a]
+            removes = [a["remove"] for a in actions if "remove" in a]
+            for r in removes:  # a commit's removes and adds are of different (path, DV)s
+                live.pop(key(r), None)
+            for a in adds:
+                live[key(a)] = a.get("deletionVector") or None
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise DataError(f"the Delta log's commit {path} has an add or remove action "
+                            f"without what the protocol requires ({type(exc).__name__}: {exc}); "
+                            "the log is damaged") from None
     out: dict[str, dict | None] = {}
     for (path, _), dv in live.items():
         if path in out:
@@ -95,12 +98,39 @@ def logged_vectors(store: Store, version: int, files: list[str]) -> dict[str, di
     return out
 
 
-def _sidecar_path(path: str, log_dir: str) -> str:
-    from urllib.parse import urlparse
-    if urlparse(path).scheme:
-        other = Store.from_uri(unquote(path))
-        return other.fs_path(other.url())
-    return posixpath.join(log_dir, "_sidecars", unquote(path))
+def read_commit(fs: Any, path: str) -> list[dict]:
+    """The actions of the commit file at ``path``; DataError naming it where it is not JSON
+    lines of objects (truncated, or damaged)."""
+    try:
+        with fs.open_input_stream(path) as f:
+            text = f.read().decode()
+        actions = [json.loads(line) for line in text.splitlines() if line.strip()]
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise DataError(f"the Delta log's commit {path} is not JSON lines ({exc}); it is "
+                        "truncated or damaged: repair the table (read it through Spark with "
+                        "Delta Lake), or restore the commit") from None
+    if not all(isinstance(a, dict) for a in actions):
+        raise DataError(f"the Delta log's commit {path} holds lines that are not actions "
+                        "(JSON objects); the log is damaged")
+    return actions
+
+
+def damaged_commit(store: Store) -> str:
+    """The first commit file of the table's log that does not parse, or ""."""
+    from pyarrow import fs as pafs
+    fs = store.filesystem()
+    log_dir = store.fs_path(store.url(DELTA_LOG))
+    try:
+        infos = fs.get_file_info(pafs.FileSelector(log_dir, recursive=False))
+    except OSError:
+        return ""
+    for path in sorted(i.path for i in infos if re.fullmatch(r"\d{20}\.json",
+                                                             posixpath.basename(i.path))):
+        try:
+            read_commit(fs, path)
+        except DataError:
+            return path
+    return ""
 
 
 def _checkpoint(fs: Any, log_dir: str, names: list[str], version: int,
@@ -140,7 +170,7 @@ def _checkpoint(fs: Any, log_dir: str, names: list[str], version: int,
             rows += [a["add"] for a in actions if a.get("add")]
             sidecars += [a["sidecar"]["path"] for a in actions if a.get("sidecar")]
         for sidecar in sidecars:  # relative to _delta_log/_sidecars/, or an absolute URI
-            where = _sidecar_path(sidecar, log_dir)
+            where = fs_path(sidecar, posixpath.join(log_dir, "_sidecars"))
             try:
                 with fs.open_input_file(where) as f:
                     table = pq.ParquetFile(f).read(columns=["add"])
