@@ -245,7 +245,7 @@ def memory(table: str, prepared: Any, batch: int, seed: int) -> dict[str, Any]:
     out["peak_rss_growth"] = peak_rss(root)
     # per rank: the files a rank's pieces read, and their decoded bitmaps
     plan = prepared.train.plan(2, batch, seed=seed)
-    groups = list_row_groups(fs, root, prepared.train.listing)
+    groups = list_row_groups(fs, root, prepared.train.table)
     assert len(groups) == len(plan.row_groups)
     ranks = []
     for rank in range(plan.world):

@@ -62,7 +62,7 @@ def prepare(data: Any, spec: DataSpec, *, num_workers: int, batch_size: int,
     if decision.url is not None:
         prepared = prepare_table(decision.url, spec, num_workers=num_workers,
                                  batch_size=batch_size, validation=split_col or fraction or None,
-                                 seed=seed, listing=decision.listing)
+                                 seed=seed, table=decision.table)
         log.info("data: reading %s in place (%s); nothing is written to the store",
                  decision.url, decision.why)
         return prepared

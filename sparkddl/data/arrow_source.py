@@ -1,6 +1,6 @@
 """The pieces of a sub-shard read with pyarrow alone: the reader for stacks where
 Petastorm cannot load (pyarrow >= 15, numpy 2, Spark >= 4.1), and for tables read in place
-with a split, a listing or another writer's types.
+with a split, files named one by one or another writer's types.
 
 The row groups are those of :func:`list_row_groups` (files in path order, Petastorm's rule
 for which files are data); a rank reads its :class:`~sparkddl.data.plan.Piece` s (row
@@ -33,15 +33,15 @@ def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
     store = Store.from_uri(plan.url)
     filesystem = store.filesystem()
     root = store.fs_path(plan.url)
-    listing = plan.listing
-    groups = list_row_groups(filesystem, root, listing)
+    layout = plan.table
+    groups = list_row_groups(filesystem, layout)
     if plan.selection is not None:  # split by whole row groups: the other side's, unread
         groups = plan.selection.groups_of_side(root, groups)
     pieces = piece_order(plan, rank, epoch, part, parts)
     handles: list[Any] = []
     files: dict[str, Any] = {}  # each file opened, and its footer parsed, once per pass
     sel = plan.selection
-    names = listing.file_columns(plan.names) if listing else plan.names  # in the files
+    names = layout.file_columns(plan.names)  # in the files
     try:
         for piece in pieces:
             group = groups[piece.group]
@@ -51,17 +51,15 @@ def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int
                     files[group.path] = pq.ParquetFile(handles[-1])
                 columns = sel.read_columns(names) if sel else names
                 table = files[group.path].read_row_group(
-                    group.index, columns=listing.physical(columns) if listing else columns)
-                if listing is not None:  # column mapping: the table's names
-                    table = listing.logical(table)
+                    group.index, columns=layout.physical(columns))
+                table = layout.logical(table)  # column mapping: the table's names
             except read_errors() as exc:  # deleted or rewritten under the fit
                 raise unreadable(group.path, exc, f"rank {rank}, epoch {epoch}") from exc
-            kept = listing.keep(filesystem, group) if listing is not None else None
+            kept = layout.keep(filesystem, group)
             table = select_rows(sel, root, group.path, group.index, table, names, kept)
             if piece.rows != table.num_rows:  # the rows of another rank's piece: not used
                 table = table.slice(piece.start, piece.rows)
-            if listing is not None:  # partition columns: constants of the file
-                table = listing.add_columns(table, group.path, plan.names)
+            table = layout.add_columns(table, group.path, plan.names)  # partition columns
             check_table(plan, table, group.path, group.index)
             yield table
     finally:

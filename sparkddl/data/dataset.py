@@ -6,11 +6,11 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from sparkddl.tables.table import Table
-from sparkddl.data.plan import ShardPlan, plan_shards
+from sparkddl.data.plan import ShardPlan, folder_table, plan_shards
 from sparkddl.data.schema import ColumnSpec
 from sparkddl.data.split import Selection
 from sparkddl.store import Store
+from sparkddl.tables.table import Table
 
 
 @dataclass(frozen=True)
@@ -24,8 +24,12 @@ class Dataset:
     # count those), and the identity of its data files when planned
     selection: Selection | None = None
     files: tuple[tuple[str, int, int], ...] = ()
-    # its files one by one where they are not every data file under ``url``
-    listing: Table | None = None
+    # its files (every data file under ``url`` where none is given)
+    table: Table = None  # type: ignore[assignment]  # None: __post_init__ gives the folder's
+
+    def __post_init__(self) -> None:
+        if self.table is None:
+            object.__setattr__(self, "table", folder_table(self.url))
 
     @property
     def rows(self) -> int:
@@ -41,7 +45,7 @@ class Dataset:
 
     def plan(self, world: int, batch_size: int, **reader: Any) -> ShardPlan:
         return plan_shards(self.url, self.columns, self.shared_groups, world, batch_size,
-                           selection=self.selection, files=self.files, listing=self.listing,
+                           selection=self.selection, files=self.files, table=self.table,
                            **reader)
 
     def to_json(self, base_url: str = "") -> dict[str, Any]:

@@ -118,15 +118,14 @@ def _check_types(schema: Any, types: dict[str, tuple[str, str]], path: str, firs
 
 
 def label_ranges(fs: Any, groups: list[RowGroup], columns: tuple[ColumnSpec, ...],
-                 listing: Table | None = None) -> tuple[tuple[str, int, int], ...]:
+                 layout: Table) -> tuple[tuple[str, int, int], ...]:
     """(label, min, max) of integral label columns from the footers' statistics; a label
     without statistics in some row group is left out (the sample check does without). A row
     group with rows deleted by a deletion vector has statistics of the deleted rows too: its
     labels are read, and the rows that are not deleted measured."""
     labels = [c.name for c in columns if c.role == "label" and c.encoding == "scalar"
               and c.dtype == "int64"]
-    if listing is not None and listing.renames:  # the footers name the files' columns
-        labels = listing.physical(labels)
+    labels = layout.physical(labels)  # the footers name the files' columns
     lows: dict[str, list[int]] = {n: [] for n in labels}
     highs: dict[str, list[int]] = {n: [] for n in labels}
     missing: set[str] = set()
@@ -136,7 +135,7 @@ def label_ranges(fs: Any, groups: list[RowGroup], columns: tuple[ColumnSpec, ...
         for rg in range(meta.num_row_groups):
             if not meta.row_group(rg).num_rows:
                 continue
-            kept = listing.keep(fs, by_place[(path, rg)]) if listing is not None else None
+            kept = layout.keep(fs, by_place[(path, rg)])
             if kept is not None:  # statistics of deleted rows too: measure the others
                 if kept.any():
                     with parquet_file(fs, path) as f:
@@ -155,6 +154,5 @@ def label_ranges(fs: Any, groups: list[RowGroup], columns: tuple[ColumnSpec, ...
                 else:
                     lows[leaf].append(int(stats.min))
                     highs[leaf].append(int(stats.max))
-    name = listing.logical_name if listing is not None else str
-    return tuple((name(n), min(lows[n]), max(highs[n])) for n in labels
+    return tuple((layout.logical_name(n), min(lows[n]), max(highs[n])) for n in labels
                  if n not in missing and lows[n])

@@ -7,7 +7,7 @@ number, boolean or string partition column (not a Vector or decimal that Spark w
 to convert). When Spark reads exactly the data files under one folder and no partition
 column is used, the readers list that folder; otherwise (several root paths, a list of
 files, partition columns used as features or labels) they get the files Spark reads, named
-one by one (:mod:`sparkddl.data.listing`). Everything else is materialized
+one by one (a :class:`~sparkddl.tables.table.Table`). Everything else is materialized
 (:mod:`sparkddl.data.materialize`). The decision comes with the reason, which the caller
 logs in one line.
 """
@@ -38,7 +38,7 @@ class Decision:
     url: str | None  # the table's folder when it is read in place
     why: str
     # its files one by one, where they are not every data file under that folder
-    listing: Table | None = None
+    table: Table | None = None
 
 
 def decide(df: Any, columns: list[str], kinds: dict[str, str], types: dict[str, str],
@@ -108,23 +108,23 @@ def decide(df: Any, columns: list[str], kinds: dict[str, str], types: dict[str, 
                    reader)
 
 
-def _delta_frame(url: str, listing: Table, columns: list[str], kinds: dict[str, str],
+def _delta_frame(url: str, version: Table, columns: list[str], kinds: dict[str, str],
                  types: dict[str, str], reader: str, split_column: str | None) -> Decision:
-    """The Decision for a Delta or Iceberg table's version whose files ``listing`` names
+    """The Decision for a Delta or Iceberg table's ``version`` (its files named one by one,
     (with their deletion vectors, which the ranks apply)."""
     for name in columns:
         if kinds[name] not in IN_PLACE_KINDS or "decimal" in types[name]:
             return Decision(None, f"column {name!r} ({types[name]}) needs Spark to convert it")
-    if split_column is not None and split_column in listing.columns:
+    if split_column is not None and split_column in version.columns:
         return Decision(None, f"the validation column {split_column!r} is a partition column")
     if reader == "petastorm":
         return Decision(None, "reader='petastorm' reads one folder, and a Delta or Iceberg "
                               "table's version is its files named one by one")
-    dvs = len(listing.masks.by_file) if listing.masks else 0
-    return Decision(url, f"the Delta or Iceberg table's version, its {len(listing.paths)} "
+    dvs = len(version.masks.by_file) if version.masks else 0
+    return Decision(url, f"the Delta or Iceberg table's version, its {len(version.paths)} "
                          "file(s) named by its log or manifests" +
                     (f", {dvs} with a deletion vector the ranks apply" if dvs else ""),
-                    listing)
+                    version)
 
 
 def _scanned_version(location: Any) -> int | None:
@@ -148,13 +148,13 @@ def _delta_scan(root: str, version: int | None, spark_reads: list[str], columns:
     deletion vectors of that version; materialized otherwise, saying why
     (:func:`sparkddl.tables.delta.scan_table`). Not tested here: no Delta Lake jar is
     reachable from the tests."""
-    listing, why = scan_table(root, version)
-    if listing is None:
+    scanned, why = scan_table(root, version)
+    if scanned is None:
         return Decision(None, why)
-    if sorted(_key(p) for p in listing.paths) != sorted(_key(f) for f in spark_reads):
+    if sorted(_key(p) for p in scanned.paths) != sorted(_key(f) for f in spark_reads):
         return Decision(None, "it scans other files of the Delta table than its log names here "
                               "(time travel, or a commit since)")
-    return _delta_frame(Store.from_uri(root).url(), listing, columns, kinds, types, reader,
+    return _delta_frame(Store.from_uri(root).url(), scanned, columns, kinds, types, reader,
                         split_column)
 
 
@@ -214,11 +214,11 @@ def _listed(roots: list[str], spark_reads: list[str], parts: list[str], types: d
         fs_root = posixpath.dirname(fs_root)
     url = Store.from_uri(home + ("" if fs_root.startswith("/") else "/") + fs_root).url()
     try:
-        listing = hive_table("", paths, parts, types)
+        named = hive_table("", paths, parts, types)
     except DataError as exc:
         return Decision(None, str(exc))
     return Decision(url, f"the {len(paths)} Parquet file(s) Spark reads, named one by one: "
-                         f"{what}", listing)
+                         f"{what}", named)
 
 
 def _name(obj: Any) -> str:

@@ -28,13 +28,13 @@ def row_groups(dataset: Dataset, rank: int = 0, world: int = 1) -> Iterator[Chun
     store = Store.from_uri(dataset.url)
     fs = store.filesystem()
     root = store.fs_path(dataset.url)
-    listing = dataset.listing
+    layout = dataset.table
     names = [c.name for c in dataset.columns]
-    in_files = listing.file_columns(names) if listing else names
+    in_files = layout.file_columns(names)
     sel = dataset.selection
     if dataset.files:  # read in place: a file removed since must not just go missing
-        check_unchanged(fs, root, dataset.files, "the driver", listing)
-    groups = list_row_groups(fs, root, listing)
+        check_unchanged(fs, root, dataset.files, "the driver", layout)
+    groups = list_row_groups(fs, layout)
     if sel is not None:  # split by whole row groups: the other side's, unread
         groups = sel.groups_of_side(root, groups)
     if world > 1:
@@ -45,12 +45,10 @@ def row_groups(dataset: Dataset, rank: int = 0, world: int = 1) -> Iterator[Chun
     for piece in pieces:
         group = groups[piece.group]
         start = kept = 0  # rows of the group read, and of its split's rows
-        alive = listing.keep(fs, group) if listing is not None else None  # not deleted
+        alive = layout.keep(fs, group)  # not deleted
         columns = sel.read_columns(in_files) if sel else in_files
-        for part in _parts(fs, group, listing.physical(columns) if listing else columns):
-            table = pa.Table.from_batches([part])
-            if listing is not None:  # column mapping: the table's names
-                table = listing.logical(table)
+        for part in _parts(fs, group, layout.physical(columns)):
+            table = layout.logical(pa.Table.from_batches([part]))  # the table's names
             part_alive = None if alive is None else alive[start:start + part.num_rows]
             table = select_rows(sel, root, group.path, group.index, table, in_files,
                                 part_alive, start, group.rows)
@@ -59,8 +57,7 @@ def row_groups(dataset: Dataset, rank: int = 0, world: int = 1) -> Iterator[Chun
             first, kept = kept, kept + table.num_rows
             lo, hi = max(piece.start - first, 0), min(piece.stop - first, table.num_rows)
             table = table.slice(lo, max(hi - lo, 0))
-            if listing is not None:
-                table = listing.add_columns(table, group.path, names)
+            table = layout.add_columns(table, group.path, names)
             if table.num_rows:
                 yield {c.name: decode_arrow(c, table.column(c.name)) for c in dataset.columns}
             if kept >= piece.stop:

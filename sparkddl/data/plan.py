@@ -79,9 +79,14 @@ class ShardPlan:
     # and what it returned for the driver's sample: (column, per-row shape, dtype)
     transform: Any = None
     transform_shapes: tuple[tuple[str, tuple[int, ...], str], ...] = ()
-    # a table whose files are named one by one (several roots, a file list, a Delta version,
-    # partition columns read): those files, in order, and their partition values
-    listing: Table | None = None
+    # the table read: every data file under ``url``, or its files named one by one (several
+    # roots, a file list, a Delta version, partition columns read), with their partition
+    # values, row masks and column names (every data file under ``url`` where none is given)
+    table: Table = None  # type: ignore[assignment]  # None: __post_init__ gives the folder's
+
+    def __post_init__(self) -> None:
+        if self.table is None:
+            object.__setattr__(self, "table", folder_table(self.url))
 
     @property
     def raw_in_place(self) -> bool:
@@ -243,7 +248,7 @@ def reader_modules(plan: ShardPlan) -> tuple[str, ...]:
     :func:`resolve_reader` may choose it (the ranks import them while they rendezvous)."""
     scheme = urlparse(plan.url).scheme or "file"
     if plan.reader == "arrow" or plan.selection is not None or plan.raw_in_place or \
-            plan.listing is not None or scheme not in PETASTORM_SCHEMES:
+            plan.table.listed or scheme not in PETASTORM_SCHEMES:
         return ()
     return MODULES
 
@@ -272,24 +277,22 @@ def plan_shards(url: str, columns: tuple[ColumnSpec, ...], row_group_rows: list[
     """Share the rows out by :func:`shard_pieces` and count the steps every rank takes per
     epoch. ``options`` are the reader fields of :class:`ShardPlan`; its ``reader`` choice is
     checked here, on the driver."""
-    resolve_reader(options.get("reader", "auto"),
-                   rows_selected=options.get("selection") is not None, url=url,
-                   raw_in_place=raw_in_place(options.get("files"), columns),
-                   listed=options.get("listing") is not None)
-    total = sum(row_group_rows)
-    check_enough_rows(total, world, batch_size)
     rows = shard_rows(row_group_rows, world)
-    steps = min(rows) // batch_size
-    return ShardPlan(url=url, columns=columns, world=world, batch_size=batch_size,
-                     steps_per_epoch=steps, rows_per_rank=tuple(rows),
+    plan = ShardPlan(url=url, columns=columns, world=world, batch_size=batch_size,
+                     steps_per_epoch=min(rows) // batch_size, rows_per_rank=tuple(rows),
                      row_groups=tuple(row_group_rows), **options)
+    resolve_reader(plan.reader, rows_selected=plan.selection is not None, url=url,
+                   raw_in_place=plan.raw_in_place, listed=plan.table.listed)
+    check_enough_rows(sum(row_group_rows), world, batch_size)
+    return plan
 
 
 def check_unchanged(filesystem: Any, root: str, files: tuple[tuple[str, int, int], ...],
-                    where: str, listing: Table | None = None) -> None:
-    """DataError naming the data files of ``root`` (or ``listing``'s) that differ from
-    ``files``, the (path, size, mtime_ns) recorded when the data was planned."""
-    now = {f.path: (f.size, f.mtime_ns) for f in data_files(filesystem, root, listing)}
+                    where: str, table: Table | None = None) -> None:
+    """DataError naming the data files of the table (of the folder ``root`` where none is
+    given) that differ from ``files``, the (path, size, mtime_ns) recorded when the data was
+    planned."""
+    now = {f.path: (f.size, f.mtime_ns) for f in data_files(filesystem, table or root)}
     then = {path: (size, mtime) for path, size, mtime in files}
     changed = sorted(p for p in then.keys() & now.keys() if then[p] != now[p])
     gone, added = sorted(then.keys() - now.keys()), sorted(now.keys() - then.keys())
@@ -301,3 +304,10 @@ def check_unchanged(filesystem: Any, root: str, files: tuple[tuple[str, int, int
         raise DataError(f"{where}: the Parquet table at {root} changed after the fit planned it "
                         f"({what}); a table must not be written while it is trained on. Train on "
                         "a fixed version (a snapshot or copy), or start the fit again")
+
+
+def folder_table(url: str) -> Table:
+    """The table of every data file under the folder at ``url``."""
+    from sparkddl.store import Store
+    store = Store.from_uri(url)
+    return Table.of_folder(store.fs_path(store.url()))

@@ -74,7 +74,7 @@ def epoch_batches(plan: ShardPlan, rank: int, epoch: int, drop_last: bool = True
         raise DataError(f"unknown reader pool {plan.reader_pool!r}; choose one of "
                         f"{', '.join(POOL_TYPES)}")
     source = SOURCES[resolve_reader(plan.reader, f"rank {rank}", plan.selection is not None,
-                                    plan.url, plan.raw_in_place, plan.listing is not None)]
+                                    plan.url, plan.raw_in_place, plan.table.listed)]
     _check_files(plan, f"rank {rank}, epoch {epoch}")
     rng = np.random.default_rng([plan.seed, epoch, rank])
     rebatcher = Rebatcher(plan.batch_size, plan.shuffle_buffer, rng,
@@ -213,7 +213,7 @@ def _check_files(plan: ShardPlan, where: str) -> None:
         from sparkddl.store import Store
         store = Store.from_uri(plan.url)
         check_unchanged(store.filesystem(), store.fs_path(plan.url), plan.files, where,
-                        plan.listing)
+                        plan.table)
 
 
 def _named_failures(tables: Generator[Any, None, None], plan: ShardPlan, where: str

@@ -105,16 +105,16 @@ def read_delta(spark: Any, url: str) -> Any:
         DataError: not a Delta table, no data files, or a reader feature sparkddl does not
             apply.
     """
-    listing = delta_table(url)
-    if listing is None:
+    version = delta_table(url)
+    if version is None:
         raise DataError(f"{url} is not a Delta table (no {DELTA_LOG}/ in it); read a folder of "
                         "Parquet files with spark.read.parquet(url)")
-    if not listing.paths:
+    if not version.paths:
         raise DataError(f"the Delta table at {url} has no data files in its current version; "
                         "there is nothing to train on")
     store = Store.from_uri(url)
-    frame = _frame(spark, store, listing)
-    frame._sparkddl_delta = (store.url(), listing)  # what decide() reads in place
+    frame = _frame(spark, store, version)
+    frame._sparkddl_delta = (store.url(), version)  # what decide() reads in place
     return frame
 
 
@@ -122,39 +122,39 @@ _SPARK_TYPES = {"int64": "bigint", "int32": "int", "int16": "smallint", "int8": 
                 "float64": "double", "float32": "float", "bool": "boolean", "string": "string"}
 
 
-def _frame(spark: Any, store: Store, listing: Table) -> Any:
-    """Spark's reading of ``listing``'s files as the table holds them."""
+def _frame(spark: Any, store: Store, version: Table) -> Any:
+    """Spark's reading of ``version``'s files as the table holds them."""
     from pyspark.sql import functions as F
 
-    mapped = bool(listing.renames)
+    mapped = bool(version.renames)
     # without column mapping, partition values are folder names Spark reads (basePath);
     # with it, files lie under random prefixes and the log alone has the values
     reader = spark.read if mapped else spark.read.option("basePath", store.spark_url())
-    deletes = listing.masks.by_file if listing.masks else {}
-    index = {p: i for i, p in enumerate(listing.paths)}
+    deletes = version.masks.by_file if version.masks else {}
+    index = {p: i for i, p in enumerate(version.paths)}
 
     def values(path: str) -> tuple:
-        return listing.values[index[path]] if mapped and listing.columns else ()
+        return version.values[index[path]] if mapped and version.columns else ()
 
     def columns(extra: list[Any], part: tuple) -> list[Any]:
         if not mapped:
             return ["*", *extra]
-        data = [F.col(f"`{physical}`").alias(name) for name, physical, _ in listing.renames
-                if name not in listing.columns]
+        data = [F.col(f"`{physical}`").alias(name) for name, physical, _ in version.renames
+                if name not in version.columns]
         parts = [F.lit(v).cast(_SPARK_TYPES.get(t, "string")).alias(c)
-                 for c, t, v in zip(listing.columns, listing.types, part)]
+                 for c, t, v in zip(version.columns, version.types, part)]
         return [*data, *parts, *extra]
 
     frames = []
     plain: dict[tuple, list[str]] = {}
-    for path in listing.paths:  # files without deletes: one scan per set of partition values
+    for path in version.paths:  # files without deletes: one scan per set of partition values
         if path not in deletes:
             plain.setdefault(values(path), []).append(_spark_url(store, path))
     for part, files in plain.items():
         frames.append(reader.parquet(*files).select(*columns([], part)))
     if deletes:
         frames.append(without_deleted(
-            spark, store.filesystem(), listing,
+            spark, store.filesystem(), version,
             lambda path, extra: reader.parquet(_spark_url(store, path)).select(
                 *columns(extra, values(path)))))
     return union(frames)

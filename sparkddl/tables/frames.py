@@ -22,9 +22,9 @@ def file_rows(filesystem: Any, path: str) -> int:
         return int(f.metadata.num_rows)
 
 
-def without_deleted(spark: Any, filesystem: Any, listing: Table,
+def without_deleted(spark: Any, filesystem: Any, version: Table,
                     read: Callable[[str, list[Any]], Any]) -> Any:
-    """The files of ``listing`` that have deletes, less the rows they delete: ``read(path,
+    """The files of ``version`` that have deletes, less the rows they delete: ``read(path,
     extra)`` is Spark's reading of one file with the ``extra`` columns selected (the file's
     number and each row's index in it, ``_metadata.row_index``), anti-joined with the
     deleted (number, index) pairs, which go to Spark as arrays, not a tuple a row."""
@@ -33,8 +33,8 @@ def without_deleted(spark: Any, filesystem: Any, listing: Table,
     from pyspark.sql import functions as F
 
     tagged, numbers, indexes = [], [], []
-    for n, path in enumerate(p for p in listing.paths if p in listing.masks.by_file):
-        gone = listing.masks.deleted(filesystem, path, file_rows(filesystem, path))
+    for n, path in enumerate(p for p in version.paths if p in version.masks.by_file):
+        gone = version.masks.deleted(filesystem, path, file_rows(filesystem, path))
         numbers.append(np.full(len(gone), n, np.int32))
         indexes.append(gone.astype(np.int64))
         tagged.append(read(path, [F.lit(n).alias("__sparkddl_file"),

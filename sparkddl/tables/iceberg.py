@@ -10,7 +10,7 @@ What is read in place and what is refused, file by file:
   Iceberg writes them);
 - positional delete files (Parquet, as Spark and Flink write them with merge-on-read;
   pyiceberg's own ``delete`` rewrites files) are applied as row masks, like Delta's deletion
-  vectors (:mod:`sparkddl.tables.masks`): the listing names each data file's delete files,
+  vectors (:mod:`sparkddl.tables.masks`): the Table names each data file's delete files,
   and the rank that reads a data file reads the positions they delete from it;
 - equality delete files, and deletion vectors in Puffin files (format version 3), are
   refused, saying why;
@@ -71,12 +71,12 @@ def iceberg_table(table: Any) -> Table:
     vectors = {paths[t.file.file_path]: _delete_files(t, name) for t in order if t.delete_files}
     # each file's row count in its manifest, checked against its footer: positions of a file
     # rewritten under the same name would name other rows
-    listing = Table(tuple(paths[t.file.file_path] for t in order), columns, types, values,
+    snapshot = Table(tuple(paths[t.file.file_path] for t in order), columns, types, values,
                       RowMasks(vectors) if vectors else None,
                       records=tuple(int(t.file.record_count) for t in order))
     if stores:
-        check_columns(table, next(iter(stores.values())).filesystem(), listing.paths, name)
-    return listing
+        check_columns(table, next(iter(stores.values())).filesystem(), snapshot.paths, name)
+    return snapshot
 
 
 def _delete_files(task: Any, name: str) -> tuple[PositionDeletes, ...]:
@@ -120,42 +120,42 @@ def read_iceberg(spark: Any, table_or_identifier: Any, catalog: Any = None) -> A
         DataError: no data files, equality deletes or renamed columns.
     """
     table = _table(table_or_identifier, catalog)
-    listing = iceberg_table(table)
-    if not listing.paths:
+    snapshot = iceberg_table(table)
+    if not snapshot.paths:
         raise DataError(f"the Iceberg table {_name(table)} has no data files in its current "
                         "snapshot; append rows to it first")
-    url = table_url(table, listing)
+    url = table_url(table, snapshot)
     store = Store.from_uri(url)
     root = store.fs_path(store.url())
     # no basePath: Iceberg's files hold their identity-partition columns, and Spark's
     # inference from the folder names (types, escaping) could differ from the table's values
-    deleted = listing.masks.by_file if listing.masks else {}
-    plain = [store.spark_url(posixpath.relpath(p, root)) for p in listing.paths
+    deleted = snapshot.masks.by_file if snapshot.masks else {}
+    plain = [store.spark_url(posixpath.relpath(p, root)) for p in snapshot.paths
              if p not in deleted]
     frames = [spark.read.parquet(*plain)] if plain else []
     if deleted:
         frames.append(without_deleted(
-            spark, store.filesystem(), listing,
+            spark, store.filesystem(), snapshot,
             lambda path, extra: spark.read.parquet(
                 store.spark_url(posixpath.relpath(path, root))).select("*", *extra)))
     frame = union(frames)
-    missing = [c for c in listing.columns if c not in frame.columns]
+    missing = [c for c in snapshot.columns if c not in frame.columns]
     if missing:
         raise DataError(f"the data files of the Iceberg table {_name(table)} do not hold its "
                         f"partition column {missing[0]!r} (files imported from a Hive table?); "
                         "read the table through Spark with Iceberg's runtime jar")
-    frame._sparkddl_delta = (url, listing)  # what decide() reads in place
+    frame._sparkddl_delta = (url, snapshot)  # what decide() reads in place
     return frame
 
 
-def table_url(table: Any, listing: Table) -> str:
-    """The table's location, or the folder above it that holds every file of ``listing``
+def table_url(table: Any, snapshot: Table) -> str:
+    """The table's location, or the folder above it that holds every file of ``snapshot``
     (files added from elsewhere by ``add_files``)."""
     url = Store.from_uri(table.location()).url()
     while True:
         store = Store.from_uri(url)
         root = store.fs_path(store.url()).rstrip("/") + "/"
-        if all(p.startswith(root) for p in listing.paths):
+        if all(p.startswith(root) for p in snapshot.paths):
             return store.url()
         scheme, netloc, path = split_uri(url)
         if posixpath.dirname(path.rstrip("/")) in ("", "/"):

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from sparkddl.errors import DataError
-from sparkddl.tables.table import Table
+from sparkddl.tables.table import Table, as_table
 
 
 @dataclass(frozen=True)
@@ -23,29 +23,33 @@ class RowGroup:
     file_rows: int = 0  # rows of the whole file
 
 
-def data_files(filesystem: Any, root: str, listing: Table | None = None) -> list[Any]:
-    """``pyarrow.fs.FileInfo`` of every data file under ``root``, sorted by path, as Petastorm
-    orders them (names starting with '_' or '.' and checksum files are not data); with a
-    ``listing``, of those of its files that exist, in its order."""
+def data_files(filesystem: Any, table: Table | str) -> list[Any]:
+    """``pyarrow.fs.FileInfo`` of the table's data files (a str: a folder's): of a folder,
+    every data file under it, sorted by path as Petastorm orders them (names starting with
+    '_' or '.' and checksum files are not data); else those of its named files that exist,
+    in its order."""
     from pyarrow import fs as pafs
 
-    if listing is not None:
-        return [i for i in filesystem.get_file_info(list(listing.paths))
+    table = as_table(table)
+    if not table.folder:
+        return [i for i in filesystem.get_file_info(list(table.paths))
                 if i.type == pafs.FileType.File]
+    root = table.folder
     infos = filesystem.get_file_info(pafs.FileSelector(root, recursive=True))
     return sorted((i for i in infos if i.type == pafs.FileType.File and _is_data(root, i.path)),
                   key=lambda i: i.path)
 
 
-def list_row_groups(filesystem: Any, root: str, listing: Table | None = None
-                    ) -> list[RowGroup]:
-    """Every row group under ``root`` (or of ``listing``'s files) in Petastorm's order:
+def list_row_groups(filesystem: Any, table: Table | str) -> list[RowGroup]:
+    """Every row group of the table (a str: of a folder) in Petastorm's order:
     :func:`data_files`, row groups in file order. Row groups without rows are kept:
-    Petastorm counts them when it shards."""
+    Petastorm counts them when it shards. FileNotFoundError naming the named files that
+    are gone."""
     groups = []
-    infos = data_files(filesystem, root, listing)
-    if listing is not None and len(infos) < len(listing.paths):
-        gone = sorted(set(listing.paths) - {i.path for i in infos})
+    table = as_table(table)
+    infos = data_files(filesystem, table)
+    if len(infos) < len(table.paths):
+        gone = sorted(set(table.paths) - {i.path for i in infos})
         raise FileNotFoundError(f"{len(gone)} listed data file(s) are gone: {', '.join(gone[:3])}")
     for info in infos:
         with parquet_file(filesystem, info.path) as f:

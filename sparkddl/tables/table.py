@@ -1,16 +1,18 @@
 """A table read in place: the one thing the planner and the readers know of a table,
 whatever its format.
 
-A :class:`Table` names its data files one by one, in reading order (a folder's files, several
-roots, an explicit list, a Delta version, an Iceberg snapshot), and carries what is not in
-the files: each file's partition values (``year=2024/`` folders, the Delta log, Iceberg's
+A :class:`Table` is a folder's data files (listed when read: a plain Parquet folder, a fit's
+own copy) or names its files one by one, in reading order (several roots, an explicit list,
+a Delta version, an Iceberg snapshot, a partitioned folder), and carries what is not in the
+files: each file's partition values (``year=2024/`` folders, the Delta log, Iceberg's
 manifests), which the Arrow reader appends to every row group it reads as constant columns;
 the rows deleted without rewriting a file (:mod:`sparkddl.tables.masks`: Delta deletion
 vectors, Iceberg positional deletes); the files' names of the table's columns (Delta column
 mapping); and each file's row count as the table's metadata says it, checked against its
 footer. The formats build it: :mod:`~sparkddl.tables.parquet` and
 :mod:`~sparkddl.tables.hive` (folders), :mod:`~sparkddl.tables.delta`,
-:mod:`~sparkddl.tables.iceberg`. Petastorm, which lists a folder itself, is never given one.
+:mod:`~sparkddl.tables.iceberg`. Petastorm, which lists a folder itself, reads only a
+folder's files (:attr:`Table.listed` is False).
 """
 from __future__ import annotations
 
@@ -29,7 +31,7 @@ class Table:
     """The data files of a table read in place (filesystem paths, in reading order) and the
     partition columns' values of each file."""
 
-    paths: tuple[str, ...]
+    paths: tuple[str, ...] = ()
     columns: tuple[str, ...] = ()  # partition columns the readers add
     types: tuple[str, ...] = ()  # their Arrow types (``int64``, ``float64``, ``bool``, ...)
     values: tuple[tuple[Any, ...], ...] = ()  # per path, one value per partition column
@@ -42,6 +44,22 @@ class Table:
     # rows of each file as its table's log counts them (-1: not counted), checked against
     # the footers: a file rewritten under the log's name holds other rows
     records: tuple[int, ...] = ()
+    # a folder whose every data file is the table (a plain Parquet folder, one Spark wrote,
+    # or a fit's own copy): listed when read, so a file added later is a change, and
+    # Petastorm may read it itself; ``paths`` is then empty
+    folder: str = ""
+
+    @classmethod
+    def of_folder(cls, root: str) -> "Table":
+        """Every data file under the folder ``root`` (a path of its filesystem)."""
+        return cls(folder=root)
+
+    @property
+    def listed(self) -> bool:
+        """Whether the files are named one by one (or carry what is not in them: partition
+        values, row masks, column names), which only the Arrow reader reads; a folder's
+        files alone, Petastorm reads too."""
+        return not self.folder or bool(self.columns or self.masks or self.renames)
 
     def __post_init__(self) -> None:
         if self.columns and len(self.values) != len(self.paths):
@@ -130,3 +148,8 @@ class Table:
         """What the table's row masks are (file, descriptor), for its fingerprint: a DELETE
         that rewrites none of the data files changes them alone."""
         return self.masks.identity() if self.masks else []
+
+
+def as_table(where: "Table | str") -> Table:
+    """A Table, or the folder (a path of its filesystem) whose data files are one."""
+    return where if isinstance(where, Table) else Table.of_folder(where)

@@ -149,7 +149,7 @@ def test_vectors_are_materialized_and_partition_columns_read_in_place(spark_loca
         by_vec = prepare(vec, DataSpec.of("v", "y"), num_workers=2, batch_size=8,
                          store=tmp_path / "s3")
     # a partition column is read from the folder names (test_lakehouse.py tests more)
-    assert by_part.in_place and by_part.train.listing.columns == ("part",)
+    assert by_part.in_place and by_part.train.table.columns == ("part",)
     assert (read_rows(by_part.train)["part"] == read_rows(by_part.train)["a"] % 2).all()
     assert plain.in_place and plain.train.rows == 2000  # partitioned folders read in place
     assert not by_vec.in_place

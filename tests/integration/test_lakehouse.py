@@ -55,17 +55,17 @@ def test_partition_columns_are_read_in_place_as_features_or_labels(spark_local, 
                            validation=0.25, seed=2)
     assert prepared.in_place and stored_data(store) == []
     assert "partition column(s) part" in caplog.text
-    assert prepared.train.listing.columns == ("part",)
-    assert prepared.train.listing.types == ("int32",)  # as Spark typed the folders
+    assert prepared.train.table.columns == ("part",)
+    assert prepared.train.table.types == ("int32",)  # as Spark typed the folders
     train, val = read_rows(prepared.train), read_rows(prepared.val)
     check_pairs(train)
     check_pairs(val)
     ids = sorted(train["id"].tolist() + val["id"].tolist())
     assert ids == list(range(4000)) and 800 < val["id"].size < 1200
     assert train["part"].dtype == np.int64  # an integral label, as from the files
-    # the ranks get the listing in the plan and add the column on the executors
+    # the ranks get the table's files in the plan and add the column on the executors
     plan = prepared.train.plan(2, 16, seed=1)
-    assert plan.listing is not None
+    assert plan.table.listed and plan.table.columns == ("part",)
     for pairs in sparkddl.run(pairs_per_epoch, plan, 2, num_workers=2, spark=spark_local,
                               timeout=120):
         assert len(pairs) == len(set(pairs)) == plan.steps_per_epoch * 16 * 2
@@ -98,7 +98,7 @@ def test_several_roots_and_file_lists_are_read_in_place(spark_local, tmp_path, c
     spec = DataSpec.of("a", extra="id")
     both = prepare(spark_local.read.parquet(first, second), spec, num_workers=2,
                    batch_size=16, store=tmp_path / "store")
-    assert both.in_place and both.train.listing.columns == ()
+    assert both.in_place and both.train.table.columns == ()
     assert sorted(read_rows(both.train)["id"].tolist()) == list(range(1600))
     files = sorted(os.path.join(second, f) for f in os.listdir(second) if f.endswith(".parquet"))
     one_file = prepare(spark_local.read.parquet(files[0]), spec, num_workers=1, batch_size=16, store=tmp_path / "store")
@@ -134,7 +134,7 @@ def test_a_partitioned_folder_given_by_url_has_its_partition_columns(tmp_path):
         ids = np.arange(part, 900, 3)
         pq.write_table(pa.table({"id": ids, "a": ids.astype(np.float32)}), folder / "f.parquet")
     prepared = prepare(str(tmp_path / "t"), PARTED, num_workers=2, batch_size=16)
-    assert prepared.train.listing.types == ("int64",)  # inferred, as Spark infers it
+    assert prepared.train.table.types == ("int64",)  # inferred, as Spark infers it
     rows = read_rows(prepared.train)
     check_pairs(rows)
     assert sorted(rows["id"].tolist()) == list(range(900))
@@ -160,7 +160,7 @@ def test_a_delta_table_is_read_at_its_current_version(spark_local, tmp_path):
     expected = write_delta(tmp_path / "delta")
     on_disk = [f for _, _, fs in os.walk(tmp_path / "delta") for f in fs if f.endswith(".parquet")]
     prepared = prepare(str(tmp_path / "delta"), PARTED, num_workers=2, batch_size=16)
-    assert len(on_disk) > len(prepared.train.listing.paths)  # old versions' files are there
+    assert len(on_disk) > len(prepared.train.table.paths)  # old versions' files are there
     rows = read_rows(prepared.train)
     check_pairs(rows)
     assert sorted(rows["id"].tolist()) == expected
@@ -180,7 +180,7 @@ def test_read_delta_gives_the_estimator_the_current_version_read_in_place(spark_
     with caplog.at_level(logging.INFO, logger="sparkddl.data"):
         # one file per partition: 3 row groups, which 1 rank reads whole
         prepared = prepare(df, PARTED, num_workers=1, batch_size=16, store=tmp_path / "store")
-    assert prepared.in_place and prepared.train.listing.columns == ("part",)
+    assert prepared.in_place and prepared.train.table.columns == ("part",)
     rows = read_rows(prepared.train)
     check_pairs(rows)
     assert sorted(rows["id"].tolist()) == expected
@@ -276,7 +276,7 @@ def test_read_iceberg_gives_spark_and_the_fit_the_current_snapshot(spark_local, 
     with caplog.at_level(logging.INFO, logger="sparkddl.data"):
         prepared = prepare(df, PARTED, num_workers=2, batch_size=4, store=tmp_path / "store")
     assert prepared.in_place and stored_data(str(tmp_path / "store")) == []
-    assert prepared.train.listing.columns == ("part", "tag")
+    assert prepared.train.table.columns == ("part", "tag")
     assert "Delta or Iceberg table's version, its" in caplog.text
     rows = read_rows(prepared.train)
     assert sorted(zip(rows["id"].tolist(), rows["a"].tolist(), rows["part"].tolist())) == \
@@ -301,7 +301,7 @@ def test_read_iceberg_of_a_table_with_positional_deletes_trains_on_the_rows_left
     assert got == expected and all(label >= 0 for *_, label in got)
     spec = DataSpec.of(["a"], ["label"], ["id"])
     prepared = prepare(df, spec, num_workers=2, batch_size=4, store=tmp_path / "store")
-    assert prepared.in_place and prepared.train.listing.masks
+    assert prepared.in_place and prepared.train.table.masks
     rows = read_rows(prepared.train)
     assert sorted(rows["id"].tolist()) == [i for i, *_ in expected]
     assert (rows["label"] >= 0).all()

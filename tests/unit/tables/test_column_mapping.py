@@ -35,7 +35,7 @@ def test_a_column_mapped_table_is_read_by_its_own_names(tmp_path, mode):
     assert (rows["part"] == np.where(rows["x"] < 100, 1, 2)).all()
     # a validation column read by the table's name; labels measured under it too
     split = prepare_table(str(tmp_path / "d"), SPEC, num_workers=2, batch_size=4,
-                          validation=0.25, seed=1, listing=listing)
+                          validation=0.25, seed=1, table=listing)
     assert split.label_range("label") == (0, 9)
     plan = split.train.plan(2, 4, seed=2)
     seen = [x for r in range(2) for tb in read_sub_shard(plan, r, 0, 0, 1)

@@ -113,7 +113,7 @@ def oracle(table) -> list[tuple]:
 def read(table, spec=SPEC, **options) -> list[tuple]:
     listing = iceberg_table(table)
     prepared = prepare_table(table_url(table, listing), spec, num_workers=2, batch_size=4,
-                             validation=None, seed=0, listing=listing, **options)
+                             validation=None, seed=0, table=listing, **options)
     got = read_rows(prepared.train)
     return sorted(zip(got["id"].tolist(), got["a"].tolist(), got["part"].tolist()))
 
@@ -253,7 +253,7 @@ def test_positional_delete_files_are_applied_by_the_ranks_as_pyiceberg_applies_t
     assert [len(v) for v in vectors.values()] == ([1, 2] if bounds else [2, 2, 2, 2])
     assert {v.data_file for d in vectors.values() for v in d} == set(uris[:2] if bounds else uris)
     prepared = prepare_table(table_url(table, listing), LABELED, num_workers=3, batch_size=4,
-                             validation=None, seed=0, listing=listing)
+                             validation=None, seed=0, table=listing)
     assert prepared.train.rows == len(expected)
     got = read_rows(prepared.train)
     assert sorted(zip(got["id"].tolist(), got["a"].tolist(), got["label"].tolist())) == \
@@ -286,7 +286,7 @@ def test_a_validation_split_holds_no_deleted_row(tmp_path):
     expected = labeled(table)
     listing = iceberg_table(table)
     data = prepare_table(table_url(table, listing), LABELED, num_workers=2, batch_size=4,
-                         validation=0.3, seed=2, listing=listing)
+                         validation=0.3, seed=2, table=listing)
     train, val = read_rows(data.train), read_rows(data.val)
     assert data.train.rows == len(train["id"]) and data.val.rows == len(val["id"])
     assert (train["label"] >= 0).all() and (val["label"] >= 0).all()
@@ -300,7 +300,7 @@ def test_a_positional_delete_changes_the_fingerprint(tmp_path):
     def fingerprint():
         listing = iceberg_table(table)
         return prepare_table(table_url(table, listing), LABELED, num_workers=2, batch_size=4,
-                             validation=None, seed=0, listing=listing).fingerprint
+                             validation=None, seed=0, table=listing).fingerprint
     before = fingerprint()
     commit_delete_file(table, "position", {uris[1]: BY_FILE[1][1]}, "later")
     assert fingerprint() != before
@@ -320,7 +320,7 @@ def test_a_positional_delete_file_that_does_not_fit_names_both_files(tmp_path, d
     listing = iceberg_table(table)
     with pytest.raises(DataError, match=match):
         prepare_table(table_url(table, listing), LABELED, num_workers=2, batch_size=4,
-                      validation=None, seed=0, listing=listing)
+                      validation=None, seed=0, table=listing)
 
 
 def test_equality_delete_files_are_refused_saying_why(tmp_path):
@@ -384,7 +384,7 @@ def test_a_partition_column_null_for_some_files_is_read_from_the_files(tmp_path)
     got = read_rows(prepare_table(table_url(table, iceberg_table(table)),
                                   DataSpec.of("a", extra="id"), num_workers=2, batch_size=4,
                                   validation=None, seed=0,
-                                  listing=iceberg_table(table)).train)
+                                  table=iceberg_table(table)).train)
     expected = table.scan().to_arrow()
     assert sorted(zip(got["id"].tolist(), got["a"].tolist())) == \
         sorted(zip(expected["id"].to_pylist(), expected["a"].to_pylist()))
@@ -426,7 +426,7 @@ def test_a_data_file_rewritten_under_its_name_is_refused(tmp_path):
     listing = iceberg_table(table)
     with pytest.raises(DataError, match="holds 39 rows where the table's log says 40"):
         prepare_table(table_url(table, listing), LABELED, num_workers=2, batch_size=4,
-                      validation=None, seed=0, listing=listing)
+                      validation=None, seed=0, table=listing)
 
 
 @pytest.mark.parametrize("gone", ["manifest", "manifest list"])

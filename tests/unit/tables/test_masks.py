@@ -82,7 +82,7 @@ def test_every_storage_type_is_applied_on_the_files_that_carry_one(tmp_path):
     assert oracle(tmp_path / "d") == expected
     data = prepare_parquet(str(tmp_path / "d"), SPEC, num_workers=3, batch_size=4)
     assert data.train.rows == len(expected)
-    assert len(data.train.listing.masks.by_file) == 3  # the file without deletes: none
+    assert len(data.train.table.masks.by_file) == 3  # the file without deletes: none
     rows = read_rows(data.train)
     assert sorted(rows["x"].tolist()) == expected and (rows["label"] >= 0).all()
     # every rank its own rows, and together every row that is not deleted, once
@@ -100,7 +100,7 @@ def test_every_storage_type_is_applied_on_the_files_that_carry_one(tmp_path):
     # labels are measured on the rows that are not deleted (not the footers' -1)
     from sparkddl.tables.delta import delta_table
     table = prepare_table(str(tmp_path / "d"), SPEC, num_workers=3, batch_size=4,
-                          validation=None, seed=0, listing=delta_table(str(tmp_path / "d")))
+                          validation=None, seed=0, table=delta_table(str(tmp_path / "d")))
     assert table.label_range("label") == (0, 9) and table.train.rows == len(expected)
 
 
@@ -127,7 +127,7 @@ def test_a_validation_split_never_holds_a_deleted_row(tmp_path):
     _, expected = build(tmp_path / "d")
     listing = delta_table(str(tmp_path / "d"))
     data = prepare_table(str(tmp_path / "d"), SPEC, num_workers=2, batch_size=4,
-                         validation=0.3, seed=2, listing=listing)
+                         validation=0.3, seed=2, table=listing)
     train, val = read_rows(data.train)["x"].tolist(), read_rows(data.val)["x"].tolist()
     assert data.train.rows == len(train) and data.val.rows == len(val)
     assert sorted(train + val) == expected and not set(train) & set(val)
@@ -137,7 +137,7 @@ def test_a_delete_changes_the_fingerprint_and_tables_without_deletes_need_none(t
     t = DeltaBuilder(tmp_path / "d")  # deletion vectors enabled, none written yet
     f = t.add_file(table_of(0, 50))
     before = prepare_parquet(str(tmp_path / "d"), SPEC, num_workers=2, batch_size=4)
-    assert before.train.listing.masks is None and before.train.rows == 50
+    assert before.train.table.masks is None and before.train.rows == 50
     t.delete({f: [1, 2]})
     after = prepare_parquet(str(tmp_path / "d"), SPEC, num_workers=2, batch_size=4)
     assert after.train.rows == 48 and after.fingerprint != before.fingerprint
@@ -190,7 +190,7 @@ def test_a_split_by_whole_row_groups_counts_the_rows_not_deleted(tmp_path):
     t.delete({f: list(range(40, 60)) + [7, 333]})  # row group 2 entirely
     expected = oracle(tmp_path / "d")
     data = prepare_table(str(tmp_path / "d"), SPEC, num_workers=3, batch_size=4,
-                         validation=0.3, seed=4, listing=delta_table(str(tmp_path / "d")))
+                         validation=0.3, seed=4, table=delta_table(str(tmp_path / "d")))
     assert data.train.selection.groups and data.train.selection.empty
     read = []
     for side in (data.train, data.val):
