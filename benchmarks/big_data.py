@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import local_spark, md_table, write_results  # noqa: E402
-from tracing import recording  # noqa: E402
+from common import local_spark, md_table, write_results
+from tracing import recording
 
 WORKERS, D, CLASSES, HIDDEN, BATCH = 2, 64, 10, 128, 1024
 CENTRE_SCALE = 0.35  # class centres N(0, 0.35) per value, noise N(0, 1)

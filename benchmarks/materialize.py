@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import digits_parquet, local_spark, median, write_results  # noqa: E402
+from common import digits_parquet, local_spark, median, write_results
 
 WORKERS = 2
 BATCH = 256

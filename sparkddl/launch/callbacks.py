@@ -69,7 +69,7 @@ class Callbacks:
                 continue
             try:  # runs while the ranks train: they go on; the fit reports the error
                 out.append(fn(*args))
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 log.exception("%s failed", name)
                 self.errors.append(f"{name}: {type(exc).__name__}: {exc}")
             except BaseException as exc:  # a cancel or an exit: the fit must end, not go on

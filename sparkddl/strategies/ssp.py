@@ -187,7 +187,7 @@ class ParameterServer(threading.Thread):
     def run(self) -> None:
         try:
             self._serve()
-        except Exception as exc:  # noqa: BLE001 - reported to every worker, which raise it
+        except Exception as exc:  # reported to every worker, which raise it
             log.exception("SSP parameter server failed")
             self._fail(f"{type(exc).__name__}: {exc}")
         finally:
@@ -305,7 +305,7 @@ class Alarm(threading.Thread):
                 self.due = None
             try:
                 self.store.queue_push(PUSH_QUEUE, PUSH_HEADER.pack(ALARM, self.server_id, 0, 0))
-            except Exception:  # noqa: BLE001 - held workers then wait for the next push
+            except Exception:  # held workers then wait for the next push
                 if not self.stopped:
                     log.warning("SSP: the dynamic staleness alarm could not reach the store; "
                                 "held workers now wait for the slowest worker's next push",

@@ -18,7 +18,7 @@ import torch
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))))
 
-from tests.integration.digits import accuracy, digits_df, mlp  # noqa: E402
+from tests.integration.digits import accuracy, digits_df, mlp
 
 
 def allreduce_on_every_rank() -> dict:
