@@ -5,8 +5,8 @@ Data identified by its plan and input files (file scans, ranges) is written in o
 a count sizes the row groups (a file scan answers it from the footers), then one job, without
 a shuffle, has every task encode its partition and write it with pyarrow, and report its
 files and what the driver checks afterwards (nulls, array lengths, labels, the split); data
-that fails the checks is deleted and refused. Other data (local rows, RDDs) is profiled first, with a
-content hash, so that a cache hit writes nothing. A later call with unchanged data finds
+that fails the checks is deleted and refused. Other data (local rows, RDDs) is profiled first,
+with a content hash, so that a cache hit writes nothing. A later call with unchanged data finds
 ``meta.json`` under the same fingerprint and writes nothing.
 """
 from __future__ import annotations

@@ -47,8 +47,8 @@ def launch_ranks(sc: Any, fn: Callable[..., Any], args: tuple = (),
                         echo_output=not preflight.is_local_master(sc.master),
                         warm_imports=warm_imports, node_per_rank=node_per_rank)
 
-    results = run_stage(sc, make_spec, timeout_s=timeout_s, handlers=handlers, watchdog_s=watchdog_s,
-                        description=description, profile=preflight.stage_profile(sc, use_gpu),
-                        slot_wait_s=slot_wait_s)
+    results = run_stage(sc, make_spec, timeout_s=timeout_s, handlers=handlers,
+                        watchdog_s=watchdog_s, description=description,
+                        profile=preflight.stage_profile(sc, use_gpu), slot_wait_s=slot_wait_s)
     from pyspark import cloudpickle
     return cloudpickle.loads(results[0]) if results else None

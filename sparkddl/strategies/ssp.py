@@ -26,7 +26,8 @@ checkpoint).
 Transport (:mod:`sparkddl.strategies.ssp_wire`): the run's TCPStore (rank 0 hosts it), with
 one queue all workers push into and one queue per worker the server answers on; pops
 block, nothing polls. Messages are raw tensor bytes behind a small integer header, never
-pickles. CUDA tensors go through host memory. Bytes: a worker counts what it pushes and what it pulls (the store sends on the
+pickles. CUDA tensors go through host memory. Bytes: a worker counts what it pushes and what
+it pulls (the store sends on the
 server's behalf). The training loop's epoch-end allreduce still lines all ranks up once per
 epoch; asynchrony lives within epochs.
 
