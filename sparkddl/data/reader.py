@@ -326,7 +326,7 @@ def _fill(make: Callable[[], Generator[Any, None, None]], out: queue.Queue,
             if not _put(out, item, stop):
                 return
         _put(out, _DONE, stop)
-    except BaseException as exc:  # handed to the consumer, which re-raises it
+    except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
         _put(out, exc, stop)
     finally:
         items.close()

@@ -68,7 +68,7 @@ class _Dispatch:
                     handler(msg, body)
                 except Exception:  # the channel logs it and goes on reading
                     raise
-                except BaseException as exc:  # would end the thread that reads this rank
+                except BaseException as exc:  # noqa: BLE001 - would end the thread reading this rank
                     self.evaluator.abort(f"the driver's handler of {type(body).__name__} "
                                          f"messages from rank {msg.rank}", exc, msg.reply)
             return handle

@@ -68,7 +68,7 @@ class Selected:
     def collect(self) -> list:
         try:
             return [row for out in self.fn(iter(batches())) for row in out.to_pylist()]
-        except Exception:
+        except Exception:  # noqa: BLE001 - wrapped as Spark's Python worker does
             raise RuntimeError("An exception was thrown from the Python worker.\n" +
                                traceback.format_exc()) from None
 
