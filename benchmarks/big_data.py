@@ -550,8 +550,8 @@ def memory_mb(text: str) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gb", type=float, default=8.0,
-                        help="target size on disk in GB (1e9 bytes); rows = GB / ~%d bytes"
-                             % BYTES_PER_ROW)
+                        help="target size on disk in GB (1e9 bytes); rows = GB / "
+                             f"~{BYTES_PER_ROW} bytes")
     parser.add_argument("--rows", type=int, default=None, help="rows (overrides --gb)")
     parser.add_argument("--work", default="/tmp/sparkddl-bigdata",
                         help="folder for the table (<work>/data) and the Store (<work>/store)")
