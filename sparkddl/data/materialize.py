@@ -44,7 +44,8 @@ class Profile:
     rows: int
     val_rows: int
     nulls: dict[str, int]
-    lengths: dict[str, tuple[int, int]]  # array column -> (min, max) length
+    # array column -> (min, max) length (None, None: no rows)
+    lengths: dict[str, tuple[int | None, int | None]]
     null_elements: dict[str, int]
     bad_split_values: int
     content_hash: str | None
@@ -345,4 +346,5 @@ def _write_job(selected: Any, columns: tuple[ColumnSpec, ...], store: Store, key
     train, val = split("train"), split("val")
     if train is None and not sums.get("bad_rows"):
         raise DataError("no training rows were written; check the validation setting")
-    return PreparedData(train, val, key, cache_hit=False), sums
+    # (train is None only when rows could not be encoded: the caller's _check refuses them)
+    return PreparedData(train, val, key, cache_hit=False), sums  # pyright: ignore[reportArgumentType]
