@@ -64,7 +64,7 @@ def write_partition(columns: tuple[ColumnSpec, ...], store: Store, root: str, gr
                 # given the path, the writer owns its file and closes it (an object store
                 # completes the upload only then)
                 writers[split] = pq.ParquetWriter(path, schema, filesystem=fs,
-                                                  # (pyright infers bool from the defaults; a list of columns is allowed)
+                                                  # (pyright infers bool; a list is allowed)
                                                   use_dictionary=plain, write_statistics=plain)  # pyright: ignore[reportArgumentType]
             writers[split].write_table(table.slice(0, whole), row_group_size=group_rows)
         pending[split] = table.slice(whole).to_batches()

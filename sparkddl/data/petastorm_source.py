@@ -148,7 +148,7 @@ def _in_order_worker() -> type:
             with warnings.catch_warnings():  # the legacy dataset Petastorm reads through
                 warnings.simplefilter("ignore", FutureWarning)
                 # pyarrow's legacy ParquetDataset, which pyright reads as the new one
-                partitions = self._dataset.partitions  # pyright: ignore
+                partitions = self._dataset.partitions  # pyright: ignore[reportOptionalMemberAccess, reportAttributeAccessIssue]
             names = set(partitions.partition_names) if partitions else set()
             table = piece.read(columns=column_names - names, partitions=partitions)
             extra = set(table.column_names) - set(column_names)

@@ -47,7 +47,7 @@ BATCHES_AHEAD = 4  # batches the batcher thread keeps ready for the training thr
 
 
 def epoch_batches(plan: ShardPlan, rank: int, epoch: int, drop_last: bool = True
-                  ) -> Iterator[dict[str, Any]]:
+                  ) -> Generator[dict[str, Any], None, None]:
     """``rank``'s batches of one epoch: exactly ``plan.steps_per_epoch`` batches of
     ``plan.batch_size`` rows, the same count on every rank (what training needs).
 

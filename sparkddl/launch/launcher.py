@@ -24,7 +24,7 @@ def launch_ranks(sc: Any, fn: Callable[..., Any], args: tuple = (),
                  kwargs: dict[str, Any] | None = None, *, num_workers: int, run_id: str,
                  description: str, use_gpu: bool = False, timeout_s: float | None = None,
                  torch_threads: int | None = None, attempt: int = 0,
-                 handlers: Handlers | None = None, watchdog_s: float | None = None,
+                 handlers: Handlers | None = None, watchdog_s: float | str | None = None,
                  warm_imports: tuple[str, ...] = (), slot_wait_s: float | None = None,
                  node_per_rank: bool = False) -> Any:
     """Run ``fn(*args, **kwargs)`` on ``num_workers`` ranks of one barrier stage and return

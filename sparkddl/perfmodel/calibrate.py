@@ -234,5 +234,5 @@ def _strategy_step(spec: TrainSpec, dev: Any, cand: Candidate, inputs: list[Any]
     out = {"step_s": elapsed / cand.steps, "bytes": stats["comm_bytes"] / cand.steps,
            "calls": stats["comm_calls"] / cand.steps}
     if cand.name == "fsdp":
-        out["bytes"] = strategy.full_traffic_bytes()
+        out["bytes"] = strategy.full_traffic_bytes()  # pyright: ignore[reportAttributeAccessIssue] - FSDP's
     return out
