@@ -225,7 +225,7 @@ class ParameterServer(threading.Thread):
                 elif until != float("inf"):
                     wake = until if wake is None else min(wake, until)
             if wake is not None:
-                self.alarm.set(wake)
+                self.alarm.set(wake)  # pyright: ignore[reportOptionalMemberAccess]
             if ready:
                 model = pack(self.params)
                 for w in ready:

@@ -111,7 +111,7 @@ class MlflowTracking:
             log.warning("MLflow tracking at %s: %s; training goes on without MLflow logging",
                         uri, why)
             return None
-        tracking = cls(client, run_id, started)
+        tracking = cls(client, run_id, started)  # pyright: ignore[reportPossiblyUnboundVariable] - bound when why is None
         tracking._submit(lambda c, run: _log_params(c, run, params))
         from sparkddl import __version__
         tracking._submit(lambda c, run: c.set_tag(run, "sparkddl.version", __version__))
