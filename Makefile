@@ -44,7 +44,8 @@ TIER_DOCS ?= "tests/integration/test_docs_examples.py::test_the_examples_run_as_
 	tests/integration/test_docs_examples.py::test_the_process_that_ran_the_pages_ended_cleanly
 
 .PHONY: venv venvs run test test-ci test-all test-pinned test-tiers test-stack test-stack-full \
-	test-fast bench bench-peers bench-env plan clean docs docs-build docs-venv docs-serve wheel
+	test-fast bench bench-peers bench-env plan clean docs docs-build docs-venv docs-serve wheel \
+	lint lint-venv
 
 venv:
 	@SPARKDDL_VENV=$(VENV) SPARKDDL_CONSTRAINTS=$(CONSTRAINTS) scripts/venv.sh
@@ -56,10 +57,10 @@ run: venv
 # stack (the README's, the docs' and the notebook's examples included)
 test: docs-build test-pinned
 
-# what CI runs (.ci/run): `make test`, then the version tier on every other stack, each
-# virtualenv built right before its tests (all of them at once would put about 25 GB on disk
-# while the suite runs)
-test-ci: test test-tiers
+# what CI runs (.ci/run): `make lint` (under a minute), `make test`, then the version tier on
+# every other stack, each virtualenv built right before its tests (all of them at once would
+# put about 25 GB on disk while the suite runs)
+test-ci: lint test test-tiers
 
 # the whole suite on every stack: what a change to a dependency, a constraints file or the
 # seam between Spark versions (sparkddl/session/) passes before it lands
@@ -108,6 +109,18 @@ wheel:
 	rm -rf build dist/sparkddl-*.whl
 	python3 -m pip wheel -q --disable-pip-version-check --no-deps -w dist .
 	@ls dist/sparkddl-*.whl
+
+# ruff over every Python folder and pyright over the package (pyproject.toml's [tool.ruff] and
+# [tool.pyright]), from .venv-lint (constraints-lint.txt); pyright resolves imports in .venv,
+# the pinned stack, whatever STACK says
+LINT_PATHS ?= sparkddl tests benchmarks jobs scripts
+lint-venv:
+	@scripts/lint-venv.sh
+
+lint: lint-venv
+	@$(MAKE) --no-print-directory venv STACK=
+	.venv-lint/bin/ruff check $(LINT_PATHS)
+	.venv-lint/bin/pyright --pythonpath $(abspath .venv)/bin/python
 
 test-pinned: venv
 	$(PY) -m pytest $(PYTEST_ARGS)

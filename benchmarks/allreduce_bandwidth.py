@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import local_spark, spawn_ranks, write_results  # noqa: E402
+from common import local_spark, spawn_ranks, write_results
 
 SIZES_MB = [1, 4, 16, 64]
 WARMUP = 10

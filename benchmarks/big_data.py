@@ -42,8 +42,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import local_spark, md_table, write_results  # noqa: E402
-from tracing import recording  # noqa: E402
+from common import local_spark, md_table, write_results
+from tracing import recording
 
 WORKERS, D, CLASSES, HIDDEN, BATCH = 2, 64, 10, 128, 1024
 CENTRE_SCALE = 0.35  # class centres N(0, 0.35) per value, noise N(0, 1)
@@ -550,8 +550,8 @@ def memory_mb(text: str) -> int:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gb", type=float, default=8.0,
-                        help="target size on disk in GB (1e9 bytes); rows = GB / ~%d bytes"
-                             % BYTES_PER_ROW)
+                        help="target size on disk in GB (1e9 bytes); rows = GB / "
+                             f"~{BYTES_PER_ROW} bytes")
     parser.add_argument("--rows", type=int, default=None, help="rows (overrides --gb)")
     parser.add_argument("--work", default="/tmp/sparkddl-bigdata",
                         help="folder for the table (<work>/data) and the Store (<work>/store)")
@@ -602,7 +602,7 @@ def main() -> None:
         if not args.no_read_pass:
             try:
                 read = read_pass(spark, data)
-            except Exception as exc:  # the fit's numbers stand on their own
+            except Exception as exc:  # noqa: BLE001 - the fit's numbers stand on their own
                 read_error = f"{type(exc).__name__}: {exc}"
                 print(f"read-only pass failed: {read_error}", file=sys.stderr)
     finally:

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import spawn_ranks, write_results  # noqa: E402
+from common import spawn_ranks, write_results
 
 ENTRIES = 256 * 2048 + 2048 + 2048 * 2048 + 2048 + 2048 * 10 + 10  # the wide MLP
 WARMUP, STEPS = 3, 30

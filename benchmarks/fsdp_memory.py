@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import md_table, spawn_ranks, write_results  # noqa: E402
+from common import md_table, spawn_ranks, write_results
 
 WIDTHS = [512, 4096, 4096, 4096, 4096, 512]
 BATCH = 32

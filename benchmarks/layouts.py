@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (digits_parquet, local_spark, md_table, mlp, spawn_ranks,  # noqa: E402
+from common import (digits_parquet, local_spark, md_table, mlp, spawn_ranks,
                     end_run, start_run, traced_fit)
 
 FULL, ONE, FEWER, SKEWED, SINGLE = ("full+remainder", "one group per file",

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import digits_parquet, local_spark, median, write_results  # noqa: E402
+from common import digits_parquet, local_spark, median, write_results
 
 WORKERS = 2
 BATCH = 256
@@ -64,10 +64,12 @@ def measure(df: Any, work: Path, name: str, repeats: int, rewrite: bool) -> dict
     for i in range(repeats):
         key = f"{name.split()[0]}-{i}"
         if rewrite:
-            times["plain"].append(timed(lambda: plain_write(df, f"file://{work}/plain-{key}")))
-        times["prepare"].append(timed(lambda: prepare_into(df, f"file://{work}/s-{key}", None)))
-        times["prepare_val"].append(timed(lambda: prepare_into(df, f"file://{work}/v-{key}",
-                                                               0.2)))
+            times["plain"].append(  # each lambda runs before the loop moves on
+                timed(lambda: plain_write(df, f"file://{work}/plain-{key}")))  # noqa: B023
+        times["prepare"].append(
+            timed(lambda: prepare_into(df, f"file://{work}/s-{key}", None)))  # noqa: B023
+        times["prepare_val"].append(
+            timed(lambda: prepare_into(df, f"file://{work}/v-{key}", 0.2)))  # noqa: B023
     row: dict[str, Any] = {"input": name}
     for k, v in times.items():
         row[f"{k}_s"] = median(v) if v else None

@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import local_spark, md_table, write_results  # noqa: E402
+from common import local_spark, md_table, write_results
 
 MODELS = {"mlp 64-256-256-10 (85 k params)": (64, [256, 256], 10),
           "wide mlp 64-2048-2048-10 (4.3 M params)": (64, [2048, 2048], 10)}

@@ -25,7 +25,7 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import local_spark, write_results  # noqa: E402
+from common import local_spark, write_results
 
 D, BATCH, REPEATS, FIT_EPOCHS = 64, 1024, 5, 4
 

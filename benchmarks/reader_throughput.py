@@ -21,7 +21,7 @@ import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import local_spark, write_results  # noqa: E402
+from common import local_spark, write_results
 
 D, BATCH, REPEATS = 64, 256, 3
 SETTINGS = {"shuffle buffer 10k, 2 threads": {"reader_workers": 2},

@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import local_spark, median, timed, write_results  # noqa: E402
+from common import local_spark, median, timed, write_results
 
 REPEATS = 5
 

@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import digits_parquet, local_spark, mlp, spawn_ranks, write_results  # noqa: E402
+from common import digits_parquet, local_spark, mlp, spawn_ranks, write_results
 
 MASTERS = ["local[2]", "local-cluster[2,1,1024]", "none"]
 EPOCHS, LR, SEED = 5, 1e-3, 0

@@ -56,11 +56,11 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import digits_parquet, local_spark, mlp, spawn_ranks  # noqa: E402
-from side_by_side_report import (FIT_COLD, FIT_DERIVED, FIT_WARM, FLOOR,  # noqa: E402
+from common import digits_parquet, local_spark, mlp, spawn_ranks
+from side_by_side_report import (FIT_COLD, FIT_DERIVED, FIT_WARM, FLOOR,
                                  FLOOR_2, LOCAL_SGD, NO_OVERLAP, PEER, PEER_DISK, REFERENCE,
                                  RUN_COLD, report)
-from tracing import CHECKS, DATA, END, LAUNCH, LOOP, Trace  # noqa: E402
+from tracing import CHECKS, DATA, END, LAUNCH, LOOP, Trace
 
 WORKERS = 2
 
@@ -359,7 +359,7 @@ def warm_workers(spark: Any) -> float:
     """Start both Spark Python workers and import torch and sparkddl in them once."""
     def imports(_: Any) -> list[int]:
         import petastorm.reader  # noqa: F401
-        import torch.distributed  # noqa: F401
+        import torch.distributed
         import torch.nn.parallel  # noqa: F401
 
         import sparkddl.data  # noqa: F401

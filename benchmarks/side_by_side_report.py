@@ -44,7 +44,8 @@ def report(results: dict[str, Any], notes: dict[str, Any], hp: dict[str, Any], n
     shared = {"SparkSession start (JVM)": session_s,
               "Spark Python workers start + import torch, petastorm, sparkddl (once per "
               "session)": notes["workers_start_s"],
-              "floor: the files read with pyarrow into tensors (in the floor's e2e)": notes["floor_load_s"]}
+              "floor: the files read with pyarrow into tensors (in the floor's e2e)":
+                  notes["floor_load_s"]}
     write_results(
         "side_by_side", rows, COLUMNS,
         f"{n_rows:,} rows x 64 floats, MLP 64-256-256-10, {hp['epochs']} epochs, batch "

@@ -15,7 +15,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import digits, local_spark, write_results  # noqa: E402
+from common import digits, local_spark, write_results
 
 STRATEGIES = {
     "allreduce": ("allreduce", {}),

@@ -24,7 +24,7 @@ import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import RESULTS, digits, local_spark, md_table, write_results  # noqa: E402
+from common import RESULTS, digits, local_spark, md_table, write_results
 
 SEEDS = (0, 1, 2)
 MAIN = {

@@ -37,7 +37,8 @@ class Trace:
         self._saved: list[tuple[Any, str, Any]] = []
         for owner, names in [(inputs, ["prepare", "check_sample"]),
                              (launcher, ["run_stage"]),
-                             (materialize, ["_size", "_profile", "_write", "_cached", "write_meta"]),
+                             (materialize, ["_size", "_profile", "_write", "_cached",
+                                            "write_meta"]),
                              (fingerprint, ["plan_text", "input_file_identity",
                                             "identified_by_files"])]:
             for name in names:

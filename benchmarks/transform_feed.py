@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import local_spark, write_results  # noqa: E402
+from common import local_spark, write_results
 
 TILES = 20  # 1,797 digits x 20 = 35,940 rows
 BATCH = 256

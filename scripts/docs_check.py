@@ -55,7 +55,7 @@ class Browser:
         self.ws = websocket.create_connection(pages[0]["webSocketDebuggerUrl"], timeout=WAIT_S)
         self.next_id = 0
 
-    def call(self, method: str, **params):
+    def call(self, method: str, **params: object):
         self.next_id += 1
         self.ws.send(json.dumps({"id": self.next_id, "method": method, "params": params}))
         while True:

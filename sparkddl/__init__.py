@@ -26,7 +26,8 @@ _EXPORTS = {
     "UnsyncedTrainingWarning": "sparkddl.task.frameworks",
 }
 
-__all__ = sorted(_EXPORTS) + ["__version__"]
+# computed, so type checkers read the names from the TYPE_CHECKING imports below
+__all__ = sorted(_EXPORTS) + ["__version__"]  # pyright: ignore[reportUnsupportedDunderAll]
 
 if TYPE_CHECKING:  # the same names for type checkers and the API reference; never run
     from sparkddl.tables.delta import read_delta

@@ -62,7 +62,7 @@ def _labels(value: Any) -> str | tuple[str, ...]:
     return names[0] if len(names) == 1 else names
 
 
-def _precision(value: Any) -> str:
+def _precision(value: Any) -> Any:
     return str(value) if isinstance(value, int) and not isinstance(value, bool) else value
 
 

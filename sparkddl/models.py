@@ -119,6 +119,6 @@ def build_model(name: str, **kwargs: Any) -> Any:
     if factory is None:
         import_target(name)  # raises the explanatory error
     try:
-        return factory(**kwargs)
+        return factory(**kwargs)  # pyright: ignore[reportOptionalCall] - import_target raised
     except TypeError as exc:
         raise ConfigError(f"cannot build model {name!r} with {kwargs}: {exc}") from exc

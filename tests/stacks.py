@@ -63,7 +63,7 @@ def installed(package: str) -> str:
 def _this_stack() -> Path | None:
     """The constraints file whose Python and core are what is installed here (the benchmarks'
     and the docs' files name no core: they are no stack of the suite)."""
-    python = "%d.%d" % sys.version_info[:2]
+    python = "{}.{}".format(*sys.version_info[:2])
     for path in sorted(ROOT.glob("constraints*.txt")):
         pins = read_pins(path)
         if header(path, "core") and header(path, "python") == python and \

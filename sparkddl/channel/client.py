@@ -105,7 +105,7 @@ class RankChannel:
             except OSError as exc:
                 self._broken = True
                 log.warning("rank %d lost its channel to the driver: %s", self.rank, exc)
-            except Exception as exc:  # one bad frame (e.g. not JSON) must not stop the rest
+            except Exception as exc:  # noqa: BLE001 - a bad frame (not JSON) must not stop the rest
                 log.warning("rank %d could not send a %r frame: %s", self.rank,
                             item[0].get("type"), exc)
 

@@ -24,7 +24,8 @@ def plot_history(history: list[dict[str, Any]], best_epoch: int | None = None,
             if points:
                 ax.plot(*zip(*points), style, markersize=3, label=split)
         if best_epoch:
-            ax.axvline(best_epoch, color="grey", linestyle=":", label=f"chosen (epoch {best_epoch})")
+            ax.axvline(best_epoch, color="grey", linestyle=":",
+                       label=f"chosen (epoch {best_epoch})")
         ax.set_xlabel("epoch")
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(name)

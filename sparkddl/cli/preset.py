@@ -16,12 +16,12 @@ import types
 import typing
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 if sys.version_info >= (3, 11):
     import tomllib
 else:  # Python 3.10: the same parser, as a package (setup.cfg requires it there)
-    import tomli as tomllib
+    import tomli as tomllib  # pyright: ignore[reportMissingImports] - not in 3.11's venv
 
 from sparkddl.config import TrainConfig
 from sparkddl.errors import ConfigError
@@ -89,11 +89,12 @@ class OutputSection:
 @dataclass
 class JobConfig:
     spark: SparkSection = field(default_factory=SparkSection)
-    data: DataSection = field(default_factory=DataSection)
+    # (DataSection and TrainSection are made by _section_from_config)
+    data: DataSection = field(default_factory=DataSection)  # pyright: ignore[reportInvalidTypeForm]
     model: ModelSection = field(default_factory=ModelSection)
     optimizer: OptimizerSection = field(default_factory=OptimizerSection)
     loss: LossSection = field(default_factory=LossSection)
-    train: TrainSection = field(default_factory=TrainSection)
+    train: TrainSection = field(default_factory=TrainSection)  # pyright: ignore[reportInvalidTypeForm]
     output: OutputSection = field(default_factory=OutputSection)
 
     def train_config(self) -> TrainConfig:
@@ -132,7 +133,7 @@ def default_preset_text() -> str:
     return resource.read_text(encoding="utf-8")
 
 
-def load(path: str | Path | None, overrides: list[str] = ()) -> JobConfig:
+def load(path: str | Path | None, overrides: Sequence[str] = ()) -> JobConfig:
     """Read a preset (or the embedded default) and apply ``section.key=value`` overrides."""
     if path is None:
         raw = _parse(default_preset_text(), "the embedded default preset")

@@ -155,7 +155,8 @@ def session(master: str, app_name: str, conf: dict[str, Any]) -> Any:
         wanted = {k: v for k, v in preset.items() if k.startswith("spark.sql.")}
     elif "PYSPARK_GATEWAY_PORT" in os.environ:  # under spark-submit: its JVM is running
         SparkContext._ensure_initialized()
-        command = str(SparkContext._jvm.System.getProperty("sun.java.command") or "")
+        jvm: Any = SparkContext._jvm  # set by _ensure_initialized; py4j's names are dynamic
+        command = str(jvm.System.getProperty("sun.java.command") or "")
         # SparkSubmit's own arguments (its main class first); values were joined by spaces
         user = user_settings(command.split()[1:], environment=False)
         # spark-submit hands its Python driver the master it resolved as MASTER: anything

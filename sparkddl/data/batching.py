@@ -40,7 +40,8 @@ def decode_arrow(col: ColumnSpec, values: Any) -> np.ndarray:
         step = value_counts(arr)
         if len(step) and (step.min() != col.width or step.max() != col.width):
             raise DataError(f"column {col.name!r} holds arrays of unequal length "
-                            f"{sorted(set(step.tolist()))[:10]}; every row needs {col.width} values")
+                            f"{sorted(set(step.tolist()))[:10]}; every row needs {col.width} "
+                            "values")
         flat = arr.flatten().to_numpy(zero_copy_only=False)
         return flat.astype(col.dtype, copy=False).reshape((n, *col.shape))
     return arr.to_numpy(zero_copy_only=False).astype(col.dtype, copy=False).reshape(

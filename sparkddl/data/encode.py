@@ -40,8 +40,8 @@ def write_partition(columns: tuple[ColumnSpec, ...], store: Store, root: str, gr
     import pyarrow.parquet as pq
     from pyspark import TaskContext
 
-    ctx = TaskContext.get()
-    name = f"part-{ctx.partitionId():05d}-{ctx.attemptNumber()}.parquet"
+    ctx = TaskContext.get()  # in a task: never None
+    name = f"part-{ctx.partitionId():05d}-{ctx.attemptNumber()}.parquet"  # pyright: ignore[reportOptionalMemberAccess]
     fs = store.filesystem()
     schema = pa.schema([(c.name, arrow_type(c)) for c in columns])
     plain = [c.name for c in columns if c.encoding != "tensor"]
@@ -64,7 +64,8 @@ def write_partition(columns: tuple[ColumnSpec, ...], store: Store, root: str, gr
                 # given the path, the writer owns its file and closes it (an object store
                 # completes the upload only then)
                 writers[split] = pq.ParquetWriter(path, schema, filesystem=fs,
-                                                  use_dictionary=plain, write_statistics=plain)
+                                                  # (pyright infers bool; a list is allowed)
+                                                  use_dictionary=plain, write_statistics=plain)  # pyright: ignore[reportArgumentType]
             writers[split].write_table(table.slice(0, whole), row_group_size=group_rows)
         pending[split] = table.slice(whole).to_batches()
 
@@ -123,8 +124,10 @@ def encode_batch(columns: tuple[ColumnSpec, ...], schema: Any, batch: Any
     as the driver refuses the data when it sees the statistics."""
     import numpy as np
     import pyarrow as pa
-    import pyarrow.compute as pc
+    import pyarrow.compute
 
+    # pyarrow makes these functions (pc.equal, pc.sum, ...) at import time: pyright cannot see them
+    pc: Any = pyarrow.compute
     sums: dict[str, Any] = {"rows": batch.num_rows}
     split = batch.column(SPLIT_COL)
     is_val = pc.equal(split, 1)

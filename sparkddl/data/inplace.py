@@ -53,7 +53,8 @@ def decide(df: Any, columns: list[str], kinds: dict[str, str], types: dict[str, 
     # Column of that name
     delta = getattr(df, "__dict__", {}).get("_sparkddl_delta")
     if delta is not None:  # sparkddl.read_delta's or read_iceberg's DataFrame, as returned
-        return _delta_frame(*delta, columns, kinds, types, reader, split_column)
+        # delta: the (url, listing) pair read_delta and read_iceberg set
+        return _delta_frame(*delta, columns, kinds, types, reader, split_column)  # pyright: ignore[reportCallIssue]
     jdf = getattr(df, "_jdf", None)
     if jdf is None:
         return Decision(None, "the DataFrame's plan cannot be inspected from this session "

@@ -5,8 +5,8 @@ Data identified by its plan and input files (file scans, ranges) is written in o
 a count sizes the row groups (a file scan answers it from the footers), then one job, without
 a shuffle, has every task encode its partition and write it with pyarrow, and report its
 files and what the driver checks afterwards (nulls, array lengths, labels, the split); data
-that fails the checks is deleted and refused. Other data (local rows, RDDs) is profiled first, with a
-content hash, so that a cache hit writes nothing. A later call with unchanged data finds
+that fails the checks is deleted and refused. Other data (local rows, RDDs) is profiled first,
+with a content hash, so that a cache hit writes nothing. A later call with unchanged data finds
 ``meta.json`` under the same fingerprint and writes nothing.
 """
 from __future__ import annotations
@@ -45,7 +45,8 @@ class Profile:
     rows: int
     val_rows: int
     nulls: dict[str, int]
-    lengths: dict[str, tuple[int, int]]  # array column -> (min, max) length
+    # array column -> (min, max) length (None, None: no rows)
+    lengths: dict[str, tuple[int | None, int | None]]
     null_elements: dict[str, int]
     bad_split_values: int
     content_hash: str | None
@@ -346,4 +347,5 @@ def _write_job(selected: Any, columns: tuple[ColumnSpec, ...], store: Store, key
     train, val = split("train"), split("val")
     if train is None and not sums.get("bad_rows"):
         raise DataError("no training rows were written; check the validation setting")
-    return PreparedData(train, val, key, cache_hit=False), sums
+    # (train is None only when rows could not be encoded: the caller's _check refuses them)
+    return PreparedData(train, val, key, cache_hit=False), sums  # pyright: ignore[reportArgumentType]

@@ -148,7 +148,8 @@ def _in_order_worker() -> type:
                                                            shuffle_row_drop_partition)
             with warnings.catch_warnings():  # the legacy dataset Petastorm reads through
                 warnings.simplefilter("ignore", FutureWarning)
-                partitions = self._dataset.partitions
+                # pyarrow's legacy ParquetDataset, which pyright reads as the new one
+                partitions = self._dataset.partitions  # pyright: ignore[reportOptionalMemberAccess, reportAttributeAccessIssue]
             names = set(partitions.partition_names) if partitions else set()
             table = piece.read(columns=column_names - names, partitions=partitions)
             extra = set(table.column_names) - set(column_names)

@@ -47,7 +47,7 @@ BATCHES_AHEAD = 4  # batches the batcher thread keeps ready for the training thr
 
 
 def epoch_batches(plan: ShardPlan, rank: int, epoch: int, drop_last: bool = True
-                  ) -> Iterator[dict[str, Any]]:
+                  ) -> Generator[dict[str, Any], None, None]:
     """``rank``'s batches of one epoch: exactly ``plan.steps_per_epoch`` batches of
     ``plan.batch_size`` rows, the same count on every rank (what training needs).
 
@@ -110,9 +110,9 @@ def epoch_batches(plan: ShardPlan, rank: int, epoch: int, drop_last: bool = True
                 return
     finally:
         if hasattr(tensors, "close"):
-            tensors.close()
+            tensors.close()  # pyright: ignore[reportAttributeAccessIssue] - checked above
         if hasattr(batches, "close"):
-            batches.close()
+            batches.close()  # pyright: ignore[reportAttributeAccessIssue] - checked above
         groups.close()
     changed = f"the dataset at {plan.url} changed after it was planned; prepare it again"
     if drop_last:
@@ -123,7 +123,8 @@ def epoch_batches(plan: ShardPlan, rank: int, epoch: int, drop_last: bool = True
                         f"{plan.rows_per_rank[rank]}: {changed}")
 
 
-def _rebatched(chunks: Iterator[tuple[Chunk, Any]], rebatcher: Rebatcher) -> Iterator[Chunk]:
+def _rebatched(chunks: Iterator[tuple[Chunk, Any]], rebatcher: Rebatcher
+               ) -> Generator[Chunk, None, None]:
     for chunk, rows in chunks:
         yield from rebatcher.add(chunk, rows)
     yield from rebatcher.finish()
@@ -234,7 +235,7 @@ _DONE = object()
 
 
 def _prefetched(source: Source, plan: ShardPlan, rank: int, epoch: int
-                ) -> Generator[Chunk, None, None]:
+                ) -> Generator[tuple[Chunk, np.ndarray], None, None]:
     """Row groups read and decoded ahead by ``reader_workers`` threads, one sub-shard each,
     taken round-robin so the order does not depend on thread timing."""
     parts = reader_threads(plan, rank)
@@ -326,7 +327,7 @@ def _fill(make: Callable[[], Generator[Any, None, None]], out: queue.Queue,
             if not _put(out, item, stop):
                 return
         _put(out, _DONE, stop)
-    except BaseException as exc:  # handed to the consumer, which re-raises it
+    except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
         _put(out, exc, stop)
     finally:
         items.close()

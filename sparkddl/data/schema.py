@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any, Iterable
+from typing import Any, Iterable, Mapping
 
 from sparkddl.errors import DataError
 
@@ -74,7 +74,7 @@ class DataSpec:
     @classmethod
     def of(cls, features: str | Iterable[str], labels: str | Iterable[str] | None = None,
            extra: str | Iterable[str] | None = None,
-           shapes: dict[str, Iterable[int]] | None = None, raw: bool = False) -> "DataSpec":
+           shapes: Mapping[str, Iterable[int]] | None = None, raw: bool = False) -> "DataSpec":
         spec = cls(_names(features), _names(labels), _names(extra),
                    tuple((k, tuple(int(d) for d in v)) for k, v in (shapes or {}).items()),
                    raw)

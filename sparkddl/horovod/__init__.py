@@ -33,7 +33,7 @@ class HorovodRunner:
         ConfigError: ``np`` is 0 or not an integer, or an unknown verbosity.
     """
 
-    def __init__(self, np: int, driver_log_verbosity: str = "all"):  # noqa: A002 - its name
+    def __init__(self, np: int, driver_log_verbosity: str = "all"):  # its name
         if isinstance(np, bool) or not isinstance(np, int):
             raise ConfigError(f"np must be an integer (ranks on the cluster, or minus the "
                               f"processes on the driver), got {np!r}")

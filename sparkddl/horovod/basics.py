@@ -10,10 +10,11 @@ variables first: under TorchDistributor's contract LOCAL_RANK is 0 on every rank
 from __future__ import annotations
 
 import os
+from typing import Any
 
 # the hosts' layout as init() learned it, for the process group it was learned in (Spark
 # reuses Python workers: a later task's group is another one)
-_cross: dict[str, object] = {}
+_cross: dict[str, Any] = {}
 
 
 def init(comm: object = None, process_sets: object = None) -> None:
@@ -30,7 +31,8 @@ def init(comm: object = None, process_sets: object = None) -> None:
             from sparkddl.task.dist import init_process_group
             init_process_group()
         else:  # no launcher: a world of one, rank 0, with a store in this process
-            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            store = dist.HashStore()  # pyright: ignore[reportPrivateImportUsage] - it is public
+            dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     if _cross.get("group") is not dist.group.WORLD:
         _learn_layout()
 

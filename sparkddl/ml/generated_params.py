@@ -728,7 +728,7 @@ class TorchEstimatorBase(Estimator, HasTorchEstimatorParams):
             probabilityCol: str = 'probability', rawPredictionCol: str = 'rawPrediction',
             inferenceBatchSize: int = 1024, inferenceDevice: str = 'auto') -> None:
         super().__init__()
-        self._set(**self._input_kwargs)
+        self._set(**self._input_kwargs)  # pyright: ignore[reportAttributeAccessIssue] - keyword_only sets it
 
     @keyword_only
     def setParams(self, *, model: Any = None, optimizer: Any = None, loss: Any = None,
@@ -755,4 +755,4 @@ class TorchEstimatorBase(Estimator, HasTorchEstimatorParams):
             probabilityCol: str = 'probability', rawPredictionCol: str = 'rawPrediction',
             inferenceBatchSize: int = 1024, inferenceDevice: str = 'auto') -> Self:
         """Sets the given Params; the others keep their values."""
-        return self._set(**self._input_kwargs)
+        return self._set(**self._input_kwargs)  # pyright: ignore[reportAttributeAccessIssue] - keyword_only sets it

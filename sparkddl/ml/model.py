@@ -79,7 +79,7 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
     def state_dict(self) -> dict[str, Any]:
         return dict(self._state)
 
-    def historyDataFrame(self, spark: Any = None) -> Any:
+    def historyDataFrame(self, spark: Any = None) -> Any:  # noqa: N802 - Spark ML's style
         """The history as a Spark DataFrame, e.g. for ``display()``."""
         from pyspark.sql import SparkSession
         spark = spark or SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()

@@ -91,7 +91,8 @@ def config_params() -> tuple[ParamSpec, ...]:
         meta = f.metadata
         if meta["param"] is None:
             continue
-        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        default = (f.default if f.default is not dataclasses.MISSING
+                   else f.default_factory())  # pyright: ignore[reportCallIssue] - option's
         if isinstance(default, tuple):  # Params hold what users pass: a string or a list
             default = default[0] if len(default) == 1 else list(default)
         out.append(ParamSpec(meta["param"], default, meta["doc"], meta["convert"],
@@ -107,19 +108,22 @@ def in_param_words() -> Any:
     """A check's error in an Estimator user's vocabulary: the Params' names (numWorkers,
     batchSize) where the message names the config's fields (num_workers, batch_size); only
     snake_case names, as "features" or "label" are words of the messages too."""
-    return in_callers_words({p.field: p.name for p in config_params() if "_" in p.field})
+    # (config_params' specs all name their field: never None here, nor below)
+    return in_callers_words({p.field: p.name  # pyright: ignore[reportArgumentType]
+                             for p in config_params() if "_" in p.field})  # pyright: ignore[reportOperatorIssue]
 
 
 def train_config(values: dict[str, Any]) -> TrainConfig:
     """The typed config from Param values by Param name."""
-    return TrainConfig.from_values({p.field: values[p.name] for p in config_params()
-                                    if p.name in values})
+    return TrainConfig.from_values({p.field: values[p.name]  # pyright: ignore[reportArgumentType]
+                                    for p in config_params() if p.name in values})
 
 
 def param_values(config: TrainConfig) -> dict[str, Any]:
     """A config as Param values by Param name (tuples as lists): what ``train_config``
     turns back into the same config."""
-    return {p.name: _plain(getattr(config, p.field)) for p in config_params()}
+    return {p.name: _plain(getattr(config, p.field))  # pyright: ignore[reportArgumentType]
+            for p in config_params()}
 
 
 def _plain(value: Any) -> Any:
@@ -223,10 +227,13 @@ def generate() -> str:
     lines += ["", "", "class TorchEstimatorBase(Estimator, HasTorchEstimatorParams):",
               '    """TorchEstimator\'s constructor and setParams: every Param, by keyword."""',
               "", "    @keyword_only", f"    def __init__(self, *, {signature}) -> None:",
-              "        super().__init__()", "        self._set(**self._input_kwargs)",
+              "        super().__init__()",
+              "        self._set(**self._input_kwargs)"
+              "  # pyright: ignore[reportAttributeAccessIssue] - keyword_only sets it",
               "", "    @keyword_only", f"    def setParams(self, *, {signature}) -> Self:",
               '        """Sets the given Params; the others keep their values."""',
-              "        return self._set(**self._input_kwargs)"]
+              "        return self._set(**self._input_kwargs)"
+              "  # pyright: ignore[reportAttributeAccessIssue] - keyword_only sets it"]
     return _wrap("\n".join(lines) + "\n")
 
 

@@ -108,7 +108,7 @@ class ModelWriter(MLWriter):
         store = Store.from_uri(path)
         store.delete(store.url())
 
-    def saveImpl(self, path: str) -> None:
+    def saveImpl(self, path: str) -> None:  # noqa: N802 - MLWriter's name
         import torch
         from pyspark import cloudpickle
         m = self.instance

@@ -6,7 +6,7 @@ import dataclasses
 import json
 import logging
 from dataclasses import asdict
-from typing import Any
+from typing import Any, Sequence
 
 from sparkddl.config import TrainConfig
 from sparkddl.launch import preflight
@@ -116,7 +116,7 @@ def plot(preds: list[Prediction]) -> bytes:
 
 
 def to_json(cal: dict, rows: int, preds: list[Prediction],
-            mem: list[memory.MemoryPrediction] = ()) -> str:
+            mem: Sequence[memory.MemoryPrediction] = ()) -> str:
     model = Model(cal)
     return json.dumps({"calibration": cal, "rows": rows,
                        "link": asdict(model.link),

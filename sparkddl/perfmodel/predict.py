@@ -113,4 +113,5 @@ class Model:
         single = max(rows // self.batch, 1) * (self.local_step_s(1) + read) + \
             self.cal["epoch_overhead_s"]
         return Prediction(label, n, compute, exposed, read, step, epoch, single / epoch,
-                          max(parts, key=parts.get))
+                          # (pyright cannot match dict.get's overloads to max's key)
+                          max(parts, key=parts.get))  # pyright: ignore[reportCallIssue, reportArgumentType]

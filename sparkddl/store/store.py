@@ -269,7 +269,7 @@ def _make_filesystem(store: Store) -> Any:
     return pafs.PyFileSystem(pafs.FSSpecHandler(_fsspec_filesystem(store.root)))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _fsspec_filesystem(root: str) -> Any:
     """The fsspec filesystem of a store root; a StoreError names the package a scheme needs."""
     import fsspec

@@ -172,7 +172,7 @@ class AllReduce(Strategy):
         self.codec.load_state_dict(state["codec"])
 
 
-def _bucket_hook(strategy, bucket):  # DDP checks these annotations: leave them off
+def _bucket_hook(strategy, bucket):  # noqa: ANN001 - DDP checks annotations: leave them off
     """DDP communication hook: the bucket goes through the strategy's codec."""
     params = bucket.parameters()
     return strategy.exchange(bucket.buffer(), [strategy.keys[id(p)] for p in params],

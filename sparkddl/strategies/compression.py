@@ -59,7 +59,7 @@ class Cast(Codec):
 
         low = flat.div(dist.get_world_size()).to(self.dtype)  # scaled first: no fp16 overflow
         self.comm.add(tensor_bytes(low))
-        fut = dist.all_reduce(low, async_op=True).get_future()
+        fut = dist.all_reduce(low, async_op=True).get_future()  # pyright: ignore[reportOptionalMemberAccess] - async_op: a Work
         return fut.then(lambda _: flat.copy_(low))
 
 
@@ -218,7 +218,7 @@ def _all_gather_then(payload: "torch.Tensor", decode: Any, comm: CommStats) -> "
     world = dist.get_world_size()
     gathered = torch.empty(world * payload.numel(), dtype=payload.dtype, device=payload.device)
     comm.add(tensor_bytes(payload))
-    fut = dist.all_gather_into_tensor(gathered, payload, async_op=True).get_future()
+    fut = dist.all_gather_into_tensor(gathered, payload, async_op=True).get_future()  # pyright: ignore[reportOptionalMemberAccess] - async_op: a Work
     return fut.then(lambda _: decode(gathered.view(world, -1)))
 
 

@@ -109,9 +109,9 @@ class FullyShardedDataParallel(Strategy):
             mesh = init_device_mesh(self.device.type, (world,))
             units = shard_units(module, self.options["min_params"])
             for unit, _ in units[:-1]:
-                fully_shard(unit, mesh=mesh,
+                fully_shard(unit, mesh=mesh,  # pyright: ignore[reportOptionalCall]
                             reshard_after_forward=self.options["reshard_after_forward"])
-            fully_shard(module, mesh=mesh, reshard_after_forward=False)
+            fully_shard(module, mesh=mesh, reshard_after_forward=False)  # pyright: ignore[reportOptionalCall]
         self.root = module
         self._plan_comm([(params, unit is not module and self.options["reshard_after_forward"])
                          for unit, params in units], world)
@@ -304,7 +304,7 @@ def _fully_shard_api() -> tuple[Callable[..., Any] | None, bool]:
     except ImportError:
         pass
     try:
-        from torch.distributed._composable.fsdp import fully_shard
+        from torch.distributed._composable.fsdp import fully_shard  # pyright: ignore[reportPrivateImportUsage]
         return fully_shard, False
     except ImportError:
         return None, False

@@ -47,7 +47,7 @@ class LocalSGD(Strategy):
     def step(self, optimizer: Any) -> None:
         warmup = self.options["warmup_steps"]
         if self.steps < warmup:
-            self.sync()
+            self.sync()  # pyright: ignore[reportOptionalCall] - wrap made it
         optimizer.step()
         self.steps += 1
         local_steps = self.steps - warmup

@@ -65,7 +65,7 @@ class PowerSGD(ErrorFeedback):
             return done
         second = flatten([m.t() @ p for m, p in zip(matrices, ps)])
         self.comm.add(tensor_bytes(second))
-        fut = dist.all_reduce(second, async_op=True).get_future()
+        fut = dist.all_reduce(second, async_op=True).get_future()  # pyright: ignore[reportOptionalMemberAccess] - async_op: a Work
 
         def decode(_: Any) -> "torch.Tensor":
             qs = second.div_(world).split([m.shape[1] * self.rank for m in matrices])

@@ -26,7 +26,8 @@ checkpoint).
 Transport (:mod:`sparkddl.strategies.ssp_wire`): the run's TCPStore (rank 0 hosts it), with
 one queue all workers push into and one queue per worker the server answers on; pops
 block, nothing polls. Messages are raw tensor bytes behind a small integer header, never
-pickles. CUDA tensors go through host memory. Bytes: a worker counts what it pushes and what it pulls (the store sends on the
+pickles. CUDA tensors go through host memory. Bytes: a worker counts what it pushes and what
+it pulls (the store sends on the
 server's behalf). The training loop's epoch-end allreduce still lines all ranks up once per
 epoch; asynchrony lives within epochs.
 
@@ -187,7 +188,7 @@ class ParameterServer(threading.Thread):
     def run(self) -> None:
         try:
             self._serve()
-        except Exception as exc:  # noqa: BLE001 - reported to every worker, which raise it
+        except Exception as exc:  # reported to every worker, which raise it
             log.exception("SSP parameter server failed")
             self._fail(f"{type(exc).__name__}: {exc}")
         finally:
@@ -224,7 +225,7 @@ class ParameterServer(threading.Thread):
                 elif until != float("inf"):
                     wake = until if wake is None else min(wake, until)
             if wake is not None:
-                self.alarm.set(wake)
+                self.alarm.set(wake)  # pyright: ignore[reportOptionalMemberAccess]
             if ready:
                 model = pack(self.params)
                 for w in ready:
@@ -305,7 +306,7 @@ class Alarm(threading.Thread):
                 self.due = None
             try:
                 self.store.queue_push(PUSH_QUEUE, PUSH_HEADER.pack(ALARM, self.server_id, 0, 0))
-            except Exception:  # noqa: BLE001 - held workers then wait for the next push
+            except Exception:  # held workers then wait for the next push
                 if not self.stopped:
                     log.warning("SSP: the dynamic staleness alarm could not reach the store; "
                                 "held workers now wait for the slowest worker's next push",

@@ -92,7 +92,7 @@ def store_queue_problem() -> str | None:
     """Why this torch cannot run SSP (its push/pull messages are TCPStore queues), or None.
     torch 2.13 has them; 2.4.1, 2.6.0 and 2.7.0 (tested here) do not."""
     import torch
-    from torch.distributed import TCPStore
+    from torch.distributed import TCPStore  # pyright: ignore[reportPrivateImportUsage]
     if all(hasattr(TCPStore, a) for a in ("queue_push", "queue_pop")):
         return None
     return (f"needs TCPStore.queue_push/queue_pop, which torch {torch.__version__} does not "
@@ -104,5 +104,5 @@ def _connection(store: Any) -> Any:
     before that, a client to the same host and port)."""
     if hasattr(store, "clone"):
         return store.clone()
-    from torch.distributed import TCPStore
+    from torch.distributed import TCPStore  # pyright: ignore[reportPrivateImportUsage]
     return TCPStore(store.host, store.port, is_master=False, timeout=store.timeout)

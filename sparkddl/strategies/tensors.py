@@ -67,7 +67,7 @@ def allreduce_mean(flat: "torch.Tensor", comm: CommStats) -> "Future":
 
     comm.add(tensor_bytes(flat))
     flat.div_(dist.get_world_size())  # before the sum, as DDP does: no overflow in low precision
-    return dist.all_reduce(flat, async_op=True).get_future().then(lambda fut: fut.value()[0])
+    return dist.all_reduce(flat, async_op=True).get_future().then(lambda fut: fut.value()[0])  # pyright: ignore[reportOptionalMemberAccess]
 
 
 def average_(tensors: Sequence["torch.Tensor"], comm: CommStats,
@@ -157,7 +157,7 @@ class GradientSync:
                 for p in members:
                     if p.grad is None:  # unused this step: every rank must still send it
                         p.grad = torch.zeros_like(p)
-                flat = flatten([p.grad for p in members])
+                flat = flatten([p.grad for p in members])  # pyright: ignore[reportArgumentType] - filled above
                 pending.append((members, self.exchange(flat, bucket, [p.shape for p in members])))
             for members, fut in pending:
                 unflatten_into(fut.wait(), [p.grad for p in members])

@@ -50,7 +50,8 @@ def barrier_entry(spec: TaskSpec, _rows: Iterable[Any]) -> Iterator[bytes]:
     rank = spark_ctx.partitionId()
     # ranks are named by executor address and id: hostnames alone may all be "localhost"
     where = rank_label(executor_address(spark_ctx.getTaskInfos()[rank].address))
-    channel = OfflineChannel(rank) if spec.offline else _connect(spec, rank, where)
+    # (OfflineChannel has RankChannel's interface, and its frames)
+    channel: Any = OfflineChannel(rank) if spec.offline else _connect(spec, rank, where)
     # "starting" until the rendezvous completes: the watchdog gives startup more time
     status: dict[str, Any] = {"phase": "starting (importing torch)", "steps": 0,
                               "starting": True}
@@ -314,7 +315,7 @@ def _rendezvous(spec: TaskSpec, rank: int, master_host: str, channel: RankChanne
     """Rank 0 opens the TCPStore on port 0 and reports the port it really got through the
     driver channel, which relays it to every rank: no port race, and none of the one-second
     polling of Spark's allGather. Every rank returns a store handle (server or client)."""
-    from torch.distributed import TCPStore
+    from torch.distributed import TCPStore  # pyright: ignore[reportPrivateImportUsage]
 
     timeout = timedelta(seconds=spec.collective_timeout_s)
     if spec.offline:  # no driver to relay the port: Spark's own allGather does

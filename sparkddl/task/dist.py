@@ -4,9 +4,13 @@ from __future__ import annotations
 import os
 import socket
 from datetime import timedelta
+from typing import TYPE_CHECKING
 
 from sparkddl.errors import ClusterError, ConfigError
 from sparkddl.task import context
+
+if TYPE_CHECKING:
+    import torch
 
 # on GPU, NCCL for CUDA tensors and gloo for the CPU tensors the library itself exchanges
 # (checkpoint state, step counts): a plain "nccl" group refuses CPU tensors
@@ -120,7 +124,7 @@ def device_index(gpu: str, cuda_initialized: bool, visible_at_init: str | None) 
     return seen.index(gpu)
 
 
-def device() -> "torch.device":  # noqa: F821 - torch is imported lazily
+def device() -> "torch.device":  # torch is imported lazily
     """``cuda:<i>`` for a GPU run, ``cpu`` otherwise."""
     import torch
 

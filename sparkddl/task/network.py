@@ -14,6 +14,7 @@ import os
 import re
 import socket
 import subprocess
+from typing import Mapping
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +29,7 @@ def executor_address(address: str) -> str:
     return address.rsplit(":", 1)[0].strip("[]")
 
 
-def interface_env(address: str, environ: dict[str, str] | None = None) -> dict[str, str]:
+def interface_env(address: str, environ: Mapping[str, str] | None = None) -> dict[str, str]:
     """The interface settings to add for a rank whose executor Spark reaches at ``address``
     (host or IP): {} when the user set them, when the address is a loopback one (a single
     machine: the defaults work) or when no local interface carries it."""

@@ -56,7 +56,7 @@ class Script:
         sys.modules["__main__"] = module  # pickle and multiprocessing find its classes
         dist.init_process_group = recording_init
         try:
-            exec(code, module.__dict__)
+            exec(code, module.__dict__)  # noqa: S102 - the user's script, run as python runs it
         except SystemExit as exc:
             if exc.code not in (None, 0):
                 raise ScriptError(f"script {self.path} exited with status {exc.code!r}") from exc

@@ -12,7 +12,7 @@ MAX_CHARS = 32_000
 def python_stacks() -> str:
     """Every thread's stack, the main thread first, sparkddl's own helper threads last."""
     names = {t.ident: t.name for t in threading.enumerate()}
-    frames = sys._current_frames()  # noqa: SLF001 - the documented way to see other threads
+    frames = sys._current_frames()  # the documented way to see other threads
 
     def order(ident: int) -> tuple[int, str]:
         name = names.get(ident, "?")

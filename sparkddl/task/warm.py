@@ -19,7 +19,7 @@ def warm_imports(modules: tuple[str, ...]) -> threading.Thread | None:
         for name in modules:
             try:
                 importlib.import_module(name)
-            except Exception:  # noqa: BLE001 - reported by the code that uses it
+            except Exception:  # reported by the code that uses it
                 log.debug("warm import of %s failed", name, exc_info=True)
 
     thread = threading.Thread(target=run, daemon=True, name="sparkddl-warm-imports")

@@ -36,7 +36,7 @@ def log_model(model: Any, run_id: str, schema: Any = None, example: Any = None) 
         MlflowClient().set_tag(run_id, "sparkddl.export_error", model.export_error[:5000])
     import inspect
     named = "name" in inspect.signature(Model.log).parameters  # MLflow 3 names models
-    info = Model.log(None if named else MODEL_NAME, _Flavor(), **kwargs,
+    info = Model.log(None if named else MODEL_NAME, _Flavor(), **kwargs,  # pyright: ignore[reportArgumentType]
                      **({"name": MODEL_NAME} if named else {}))
     return getattr(info, "model_uri", f"runs:/{run_id}/{MODEL_NAME}")
 
@@ -68,11 +68,11 @@ def save_model(path: str, mlflow_model: Any, model: Any, signature: Any,
     import inspect
     # MLflow versions that read torch.export's .pt2 in mlflow.pytorch (and would save pt2 by
     # default) take serialization_format; older ones only pickle
-    pt2 = "serialization_format" in inspect.signature(mlflow.pytorch.save_model).parameters
+    pt2 = "serialization_format" in inspect.signature(mlflow.pytorch.save_model).parameters  # pyright: ignore[reportPrivateImportUsage]
     if program is None:  # mlflow.pytorch's own flavor and pyfunc, from the pickled module
-        mlflow.pytorch.save_model(model.module(), path, mlflow_model=mlflow_model,
+        mlflow.pytorch.save_model(model.module(), path, mlflow_model=mlflow_model,  # pyright: ignore[reportPrivateImportUsage]
                                   pip_requirements=reqs,
-                                  **({"serialization_format": "pickle"} if pt2 else {}))
+                                  **({"serialization_format": "pickle"} if pt2 else {}))  # pyright: ignore[reportArgumentType]
         return
     with tempfile.TemporaryDirectory() as tmp:
         data = os.path.join(tmp, "sparkddl")
@@ -174,7 +174,7 @@ def signature_for(model: Any, schema: Any) -> Any:
         outputs = [ColSpec(DataType.double, model.getPredictionCol())]
     else:
         outputs = [ColSpec(Array(DataType.double), model.getPredictionCol())]
-    return ModelSignature(Schema(inputs), Schema(outputs))
+    return ModelSignature(Schema(inputs), Schema(outputs))  # pyright: ignore[reportArgumentType]
 
 
 def input_example(dataset: Any, features: list[str], rows: int = 3) -> Any:

@@ -111,7 +111,7 @@ class MlflowTracking:
             log.warning("MLflow tracking at %s: %s; training goes on without MLflow logging",
                         uri, why)
             return None
-        tracking = cls(client, run_id, started)
+        tracking = cls(client, run_id, started)  # pyright: ignore[reportPossiblyUnboundVariable] - bound when why is None
         tracking._submit(lambda c, run: _log_params(c, run, params))
         from sparkddl import __version__
         tracking._submit(lambda c, run: c.set_tag(run, "sparkddl.version", __version__))
@@ -226,7 +226,7 @@ def _log_params(client: Any, run_id: str, params: dict[str, Any]) -> None:
     change a param, and that must not turn the rest of the logging off."""
     from mlflow.entities import Param
     try:
-        from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH as limit
+        from mlflow.utils.validation import MAX_PARAM_VAL_LENGTH as limit  # noqa: N811
     except ImportError:
         limit = 500
     texts = {k: param_text(v)[:limit] for k, v in sorted(params.items())}

@@ -78,7 +78,8 @@ def optimizer_recipe(optimizer: Any, **settings: Any) -> OptimizerRecipe:
     if isinstance(optimizer, torch.optim.Optimizer):
         groups = optimizer.param_groups
         for g in groups:
-            differs = {k: g[k] for k in optimizer.defaults if k in g and g[k] != optimizer.defaults[k]}
+            differs = {k: g[k] for k in optimizer.defaults
+                       if k in g and g[k] != optimizer.defaults[k]}
             if differs:
                 raise ConfigError(
                     f"the {type(optimizer).__name__} instance has parameter groups with their own "

@@ -140,7 +140,7 @@ class _Producer:
                 if self.stop.is_set():
                     return
             self.out.put(_DONE)
-        except BaseException as exc:  # handed to the consumer, which re-raises it
+        except BaseException as exc:  # noqa: BLE001 - handed to the consumer, which re-raises it
             self.out.put(exc)
         finally:
             self._close_source()

@@ -247,7 +247,7 @@ def _step(run: _Run, batch: dict[str, Any], sums: Any, epoch: int, step: int) ->
         sums[0] += loss.detach().double() * n
         sums[1] += n
         for i, fn in enumerate(spec.metrics.values()):
-            sums[3 + i] += fn(output.detach().float(), target).double() * n
+            sums[3 + i] += fn(output.detach().float(), target).double() * n  # pyright: ignore[reportOptionalMemberAccess]
     run.last_loss = loss
     return last
 
@@ -316,13 +316,13 @@ class _Reporter:
             return False
         self._next_progress = now + self.spec.progress_interval_s
         if self.active and loss is not None:
-            self.ctx.channel.post(Progress(epoch, step, self.spec.plan.steps_per_epoch,
+            self.ctx.channel.post(Progress(epoch, step, self.spec.plan.steps_per_epoch,  # pyright: ignore[reportOptionalMemberAccess]
                                            loss.item()))
         return True
 
     def epoch(self, row: dict[str, Any]) -> None:
         if self.active:
-            self.ctx.channel.post(Epoch(row))
+            self.ctx.channel.post(Epoch(row))  # pyright: ignore[reportOptionalMemberAccess]
 
     def snapshot(self, epoch: int, state: dict[str, Any], final: bool,
                  metrics: dict[str, float] | None = None) -> None:
@@ -336,7 +336,7 @@ class _Reporter:
         offline = getattr(self.ctx.channel, "offline", False)  # kept until the task ends
         if not offline and len(data) <= min(self.spec.config.snapshot_channel_bytes,
                                             protocol.DEFAULT_MAX_PAYLOAD_BYTES):
-            self.ctx.channel.post(Snapshot(epoch, final, metrics=metrics), data)
+            self.ctx.channel.post(Snapshot(epoch, final, metrics=metrics), data)  # pyright: ignore[reportOptionalMemberAccess]
             return
         # large models: through the Store, with only a notice on the channel
         store = Store.from_uri(self.spec.store_root)
@@ -346,4 +346,4 @@ class _Reporter:
                             f"epoch-{epoch:05d}-attempt-{self.ctx.attempt}.pt")
         checkpoint.check_fence(store, self.spec.run_id, self.spec.fence)
         store.write_bytes(url, data)
-        self.ctx.channel.post(Snapshot(epoch, final, url, metrics))
+        self.ctx.channel.post(Snapshot(epoch, final, url, metrics))  # pyright: ignore[reportOptionalMemberAccess]

@@ -106,7 +106,8 @@ def exact_metric(name: str, kind: str, num_classes: int) -> ExactMetric:
     cls, for_classifiers, averaged = EXACT[base]
     classifier = kind in ("multiclass", "binary")
     if for_classifiers != classifier:
-        raise ConfigError(f"metric {name!r} is for {'classifiers' if for_classifiers else 'regression'}"
+        raise ConfigError(f"metric {name!r} is for "
+                          f"{'classifiers' if for_classifiers else 'regression'}"
                           f", but this model is a {kind} model; choose among "
                           f"{', '.join(k for k, v in EXACT.items() if v[1] == classifier)}")
     if not classifier and num_classes > 1:

@@ -35,7 +35,7 @@ class SchedulerRecipe:
         if self.factory is not None:
             made = self.factory(optimizer)
         else:
-            cls_name, defaults = SCHEDULERS[self.name]
+            cls_name, defaults = SCHEDULERS[self.name]  # pyright: ignore[reportArgumentType] - no factory: a name
             total = epochs * (optimizer_steps_per_epoch if self.interval == "step" else 1)
             options = dict(defaults)
             if self.name == "cosine":

@@ -197,7 +197,7 @@ def _executor_failure(frame) -> str:
     next task an idle Python worker whose channel closed when the previous job's task failed
     (java.nio.channels.ClosedChannelException at PythonWorker.refresh, seen once here): that
     is Spark's pool, not the input, so the job is run once more then."""
-    for attempt in range(2):
+    for _attempt in range(2):
         with pytest.raises(Exception) as failed:
             frame.collect()
         text = str(failed.value)

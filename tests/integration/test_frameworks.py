@@ -25,10 +25,12 @@ def _synced(result: dict, world: int) -> None:
 
 
 def test_lightning_one_device_per_task_num_nodes_twice(spark_local):
-    first = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(lightning_digits, 1, 2)
+    first = TorchDistributor(num_processes=2, local_mode=False,
+                             use_gpu=False).run(lightning_digits, 1, 2)
     _synced(first, 2)
     assert first["accuracy"] > 0.8
-    second = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(lightning_digits, 1, 2)
+    second = TorchDistributor(num_processes=2, local_mode=False,
+                              use_gpu=False).run(lightning_digits, 1, 2)
     assert second["checksum"] == pytest.approx(first["checksum"], rel=1e-6)
     # pyspark's own TorchDistributor (torchrun in each task) trains the same model
     from pyspark.ml.torch.distributor import TorchDistributor as PysparkDistributor
@@ -38,21 +40,26 @@ def test_lightning_one_device_per_task_num_nodes_twice(spark_local):
 
 
 def test_lightning_devices_in_local_mode(spark_local):
-    result = TorchDistributor(num_processes=2, local_mode=True, use_gpu=False).run(lightning_digits, 2, 1)
+    result = TorchDistributor(num_processes=2, local_mode=True,
+                              use_gpu=False).run(lightning_digits, 2, 1)
     _synced(result, 2)
 
 
 def test_accelerate_cpu_twice(spark_local):
-    first = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(accelerate_digits)
+    first = TorchDistributor(num_processes=2, local_mode=False,
+                             use_gpu=False).run(accelerate_digits)
     _synced(first, 2)
-    second = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(accelerate_digits)
+    second = TorchDistributor(num_processes=2, local_mode=False,
+                              use_gpu=False).run(accelerate_digits)
     assert second["checksum"] == pytest.approx(first["checksum"], rel=1e-6)
 
 
 def test_transformers_trainer_twice(spark_local):
-    first = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(transformers_digits)
+    first = TorchDistributor(num_processes=2, local_mode=False,
+                             use_gpu=False).run(transformers_digits)
     _synced(first, 2)
-    second = TorchDistributor(num_processes=2, local_mode=False, use_gpu=False).run(transformers_digits)
+    second = TorchDistributor(num_processes=2, local_mode=False,
+                              use_gpu=False).run(transformers_digits)
     assert second["checksum"] == pytest.approx(first["checksum"], rel=1e-6)
 
 

@@ -101,7 +101,8 @@ def test_several_roots_and_file_lists_are_read_in_place(spark_local, tmp_path, c
     assert both.in_place and both.train.table.columns == ()
     assert sorted(read_rows(both.train)["id"].tolist()) == list(range(1600))
     files = sorted(os.path.join(second, f) for f in os.listdir(second) if f.endswith(".parquet"))
-    one_file = prepare(spark_local.read.parquet(files[0]), spec, num_workers=1, batch_size=16, store=tmp_path / "store")
+    one_file = prepare(spark_local.read.parquet(files[0]), spec, num_workers=1, batch_size=16,
+                       store=tmp_path / "store")
     expected = spark_local.read.parquet(files[0]).select("id").toPandas()["id"].tolist()
     assert one_file.in_place and sorted(read_rows(one_file.train)["id"].tolist()) == \
         sorted(expected)

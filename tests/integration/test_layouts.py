@@ -121,7 +121,8 @@ def test_three_ranks_share_two_files_exactly_in_a_real_run(spark_local4, tmp_pat
     Arrow reader: the ids gathered from all ranks are every row once but the few left over,
     and a second epoch reads the same rows in another order."""
     spark = spark_local4
-    df = spark.read.parquet(_tables(spark, tmp_path_factory)["fewer files than ranks"]).select("x", "y", "id")
+    df = spark.read.parquet(_tables(spark, tmp_path_factory)["fewer files than ranks"]).select(
+        "x", "y", "id")
     prepared = prepare(df, SPEC, num_workers=3, batch_size=BATCH, store=str(tmp_path / "s"))
     assert prepared.in_place and len(prepared.train.row_groups) == 2
     plan = prepared.train.plan(3, BATCH, seed=5, reader=reader)

@@ -80,18 +80,18 @@ def test_best_by_lists_valid_choices():
 
 def test_sample_check_explains_shape_and_label_mistakes():
     net = torch.nn.Linear(64, 10)
-    CE = LossFn(("x",), ("y",), (torch.nn.CrossEntropyLoss(),))
+    ce = LossFn(("x",), ("y",), (torch.nn.CrossEntropyLoss(),))
     good = {"x": np.zeros((4, 64), np.float32), "y": np.zeros(4, np.int64)}
-    assert check_sample(net, CE, good).kind == "multiclass"
+    assert check_sample(net, ce, good).kind == "multiclass"
     narrow = {"x": np.zeros((4, 60), np.float32), "y": np.zeros(4, np.int64)}
     with pytest.raises(ConfigError, match=r"x: \[4, 60\] torch.float32.*input size"):
-        check_sample(net, CE, narrow)
+        check_sample(net, ce, narrow)
     floats = {"x": np.zeros((4, 64), np.float32), "y": np.zeros(4, np.float32)}
-    assert check_sample(net, CE, floats).kind == "multiclass"  # whole numbers: class indices
+    assert check_sample(net, ce, floats).kind == "multiclass"  # whole numbers: class indices
     with pytest.raises(ConfigError, match="'y' holds values that are not whole numbers"):
-        check_sample(net, CE, {**floats, "y": np.full(4, 0.5, np.float32)})
+        check_sample(net, ce, {**floats, "y": np.full(4, 0.5, np.float32)})
     with pytest.raises(ConfigError, match=r"ranges over \[0, 12\] but the model outputs 10"):
-        check_sample(net, CE, good, (0, 12))
+        check_sample(net, ce, good, (0, 12))
 
 
 def test_builtin_models_are_saved_by_import():

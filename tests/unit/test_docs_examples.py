@@ -12,7 +12,7 @@ def test_every_page_s_examples_are_found_and_compile():
             "docs/guides/data.md", "docs/guides/mlflow.md",
             "docs/guides/training-loop.md"} <= set(found)
     for page, examples in found.items():
-        for info, code, line in examples:
+        for _info, code, line in examples:
             compile(code, f"{page}:{line}", "exec")  # a SyntaxError names the page and line
             left_out = [n for n, text in enumerate(code.splitlines(), line)
                         if "..." in text.split("#")[0]]

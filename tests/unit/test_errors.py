@@ -36,7 +36,8 @@ def test_crashed_worker_text():
     assert failure.rank == 0 and "exited unexpectedly" in failure.message
 
 
-EXECUTOR_LOST = """org.apache.spark.SparkException: Job aborted due to stage failure: Could not recover \
+EXECUTOR_LOST = """org.apache.spark.SparkException: Job aborted due to stage failure: \
+Could not recover \
 from a failed barrier ResultStage. Most recent failure reason: Stage failed because barrier task \
 ResultTask(6, 1) finished unsuccessfully.
 ExecutorLostFailure (executor 0 exited caused by one of the running tasks) Reason: Command exited \

@@ -30,7 +30,7 @@ def major_minor(version: str) -> tuple[int, int]:
 
 
 def test_this_environment_is_one_of_the_tested_stacks():
-    python = "%d.%d" % sys.version_info[:2]
+    python = "{}.{}".format(*sys.version_info[:2])
     assert STACK is not None, (
         f"Python {python} with " + ", ".join(f"{p} {installed(p)}" for p in CORE) +
         " is no stack's core (constraints*.txt); build the venv with `make venv STACK=...`")

@@ -122,7 +122,8 @@ def _compression(value: Any, kwargs: dict[str, Any]) -> dict[str, Any]:
     name = value if isinstance(value, str) else getattr(value, "__name__", type(value).__name__)
     if value is Compression.none or "none" in name.lower():  # Horovod's NoneCompressor
         return {}
-    if value is Compression.fp16 or "fp16" in name.lower():  # from the first step, as Horovod compresses
+    # from the first step, as Horovod compresses
+    if value is Compression.fp16 or "fp16" in name.lower():
         return {"strategyOptions": {"compression": "fp16", "warmup_steps": 0}}
     raise ConfigError(f"gradient_compression={value!r}: sparkddl's allreduce compresses with "
                       "fp16, bf16, powersgd, topk or sign; pass strategyOptions="

@@ -34,10 +34,10 @@ def one_task(monkeypatch):
     import pyspark
 
     class Task:
-        def partitionId(self) -> int:
+        def partitionId(self) -> int:  # noqa: N802 - TaskContext's name
             return 0
 
-        def attemptNumber(self) -> int:
+        def attemptNumber(self) -> int:  # noqa: N802 - TaskContext's name
             return 0
 
     monkeypatch.setattr(pyspark.TaskContext, "get", classmethod(lambda cls: Task()))
@@ -56,19 +56,19 @@ def batches() -> list[pa.RecordBatch]:
 class Selected:
     """Stands in for the selected DataFrame: its one write job runs the partition writer
     here, and a failure reaches the caller as Spark relays it, as text."""
-    sparkSession = None
+    sparkSession = None  # noqa: N815 - DataFrame's name
 
     def coalesce(self, n: int) -> "Selected":
         return self
 
-    def mapInArrow(self, fn, schema: str) -> "Selected":
+    def mapInArrow(self, fn, schema: str) -> "Selected":  # noqa: N802 - DataFrame's name
         self.fn = fn
         return self
 
     def collect(self) -> list:
         try:
             return [row for out in self.fn(iter(batches())) for row in out.to_pylist()]
-        except Exception:
+        except Exception:  # noqa: BLE001 - wrapped as Spark's Python worker does
             raise RuntimeError("An exception was thrown from the Python worker.\n" +
                                traceback.format_exc()) from None
 

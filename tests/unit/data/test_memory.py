@@ -18,7 +18,7 @@ class Context:
         self.master, self.defaultParallelism = master, parallelism
         self._conf = Conf({k.replace("_", "."): v for k, v in conf.items()})
 
-    def getConf(self) -> Conf:
+    def getConf(self) -> Conf:  # noqa: N802 - SparkContext's name
         return self._conf
 
 

@@ -50,7 +50,7 @@ def encode(pixels: np.ndarray, filters: list[int]) -> bytes:
 def test_every_filter_on_every_row_decodes_to_the_pixels(channels):
     rng = np.random.default_rng(channels)
     images, pngs = [], []
-    for k in range(40):
+    for _k in range(40):
         pixels = rng.integers(0, 256, (7, 5, channels), dtype=np.uint8)
         filters = [int(f) for f in rng.integers(0, 5, 7)]  # each row its own, per image
         images.append(pixels)

@@ -118,7 +118,7 @@ KINDS: dict[str, tuple[Callable[[], nn.Module], tuple[Spec, ...]]] = {
 }
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def exported_model(kind: str) -> tuple[nn.Module, exported.Program]:
     """A model (eval mode) and its program as sparkddl exports it; once per kind."""
     torch.manual_seed(0)

@@ -10,18 +10,18 @@ import torch
 
 pytest.importorskip("torchmetrics")  # pinned in all three tested stacks
 
-from sklearn import metrics as sk  # noqa: E402
+from sklearn import metrics as sk
 
-from sparkddl.channel import messages as m  # noqa: E402
-from sparkddl.data import DataSpec  # noqa: E402
-from sparkddl.data.source import open_parquet  # noqa: E402
-from sparkddl.errors import ConfigError  # noqa: E402
-from sparkddl.launch import evaluation  # noqa: E402
-from sparkddl.launch.evaluation import SnapshotEvaluator  # noqa: E402
-from sparkddl.launch.inputs import resolve_best_by  # noqa: E402
-from sparkddl.store import Store  # noqa: E402
-from sparkddl.train.metrics import ExactMetric, resolve_metrics  # noqa: E402
-from sparkddl.train.steps import LossFn  # noqa: E402
+from sparkddl.channel import messages as m
+from sparkddl.data import DataSpec
+from sparkddl.data.source import open_parquet
+from sparkddl.errors import ConfigError
+from sparkddl.launch import evaluation
+from sparkddl.launch.evaluation import SnapshotEvaluator
+from sparkddl.launch.inputs import resolve_best_by
+from sparkddl.store import Store
+from sparkddl.train.metrics import ExactMetric, resolve_metrics
+from sparkddl.train.steps import LossFn
 
 ROWS, CLASSES = 600, 3
 

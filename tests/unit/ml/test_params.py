@@ -39,7 +39,8 @@ def test_every_param_reaches_the_training_config():
                "strategyOptions": {"period": 2}, "snapshotEvery": 2, "bestBy": "val_loss",
                "bestByMode": "min", "earlyStoppingPatience": 4, "finalWeights": "last",
                "learningRate": 0.1, "seed": 9, "shuffleBufferSize": 5, "readerWorkers": 4,
-               "readerPool": "dummy", "reader": "arrow", "epochCacheMB": 64, "useGpu": True, "timeout": 60,
+               "readerPool": "dummy", "reader": "arrow", "epochCacheMB": 64, "useGpu": True,
+               "timeout": 60,
                "progress": False, "checkpointEvery": 2, "checkpointEverySteps": 10,
                "keepCheckpoints": 5, "maxRestarts": 0, "runId": "r1", "watchdogTimeout": 30.0,
                "featuresCol": "f", "labelCol": "y", "metrics": ["mse"],
@@ -113,7 +114,8 @@ def test_the_generated_params_are_typed_like_pyspark_s_own():
     assert "    featuresCol: Param[str | list[str]] = Param(" in text
     assert "def getMinWorkers(self) -> int | None:" in text
     assert "def setSlotWaitTimeout(self, value: float) -> Self:" in text
-    untyped = sorted(p.name for p in param_schema.all_params() if param_schema.value_type(p) == "Any")
+    untyped = sorted(p.name for p in param_schema.all_params()
+                     if param_schema.value_type(p) == "Any")
     assert untyped == ["callbacks", "loss", "lrScheduler", "metrics", "mlflow", "model",
                        "optimizer", "trainStep", "transformFn"]
     signature = inspect.signature(generated_params.TorchEstimatorBase.__init__)

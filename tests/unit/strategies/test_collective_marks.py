@@ -6,7 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-import torch
 import torch.distributed as dist
 
 from sparkddl import strategies
@@ -50,7 +49,9 @@ def _marks(rank: int, world: int) -> dict:
         # DDP's C++ reducer bypasses Python: a gradient hook sees the status during backward
         in_backward: set = set()
         for p in module.parameters():
-            p.register_hook(lambda g: in_backward.add(status.get("collective", "")) or g)
+            # the hook fires in this pass's fit, before in_backward is replaced
+            p.register_hook(
+                lambda g: in_backward.add(status.get("collective", "")) or g)  # noqa: B023
         _fit(strategies.create(name, options), module, _regression(rank, 4, 8), [0.05, 0.05],
              probe={})
         out[i] = {"calls": list(calls), "in_backward": sorted(in_backward),

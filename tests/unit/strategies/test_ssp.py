@@ -96,7 +96,7 @@ def dynamic_ssp_three():
                     "(tests/integration/test_strategies_spark.py checks the refusal)")
 @pytest.mark.parametrize("staleness", [0, 2])
 def test_ssp_workers_stay_within_staleness(ssp, staleness):
-    for rank, result in enumerate(ssp):
+    for _rank, result in enumerate(ssp):
         run = result[staleness]
         leads = [step + 1 - min(clocks) for step, clocks in
                  enumerate(run["trace"])]

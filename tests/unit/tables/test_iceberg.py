@@ -27,7 +27,7 @@ from sparkddl.errors import DataError
 
 pytest.importorskip("pyiceberg")
 
-from sparkddl.tables.iceberg import iceberg_table, table_url  # noqa: E402
+from sparkddl.tables.iceberg import iceberg_table, table_url
 
 SPEC = DataSpec.of("a", "part", extra="id")
 WRITES = int(pa.__version__.split(".")[0]) >= 18  # what pyiceberg 0.12's writer needs

@@ -36,7 +36,8 @@ def test_random_bitmaps_of_every_container_kind_decode():
     for _ in range(40):
         n = int(rng.integers(1, 20000))
         spread = int(rng.choice([1000, 70000, 1 << 20, 1 << 34]))
-        values = rng.integers(0, spread, n).tolist() + list(range(500, 500 + int(rng.integers(0, 3000))))
+        values = (rng.integers(0, spread, n).tolist()
+                  + list(range(500, 500 + int(rng.integers(0, 3000)))))
         assert decode(serialize(values)).tolist() == sorted(set(values))
 
 
