@@ -149,3 +149,16 @@ def in_callers_words(names: dict[str, str]) -> Iterator[None]:
         if said != text and len(exc.args) == 1:
             exc.args = (said,)
         raise
+
+
+def add_note(exc: BaseException, note: str) -> None:
+    """``exc.add_note(note)`` (Python 3.11's); on 3.10, the note kept in ``__notes__`` where
+    3.11's tracebacks and pytest look for it, instead of an AttributeError."""
+    if hasattr(exc, "add_note"):
+        exc.add_note(note)  # pyright: ignore[reportAttributeAccessIssue] - 3.11 and later
+        return
+    notes = getattr(exc, "__notes__", None)
+    try:
+        exc.__notes__ = [*(notes or []), note]  # pyright: ignore[reportAttributeAccessIssue]
+    except (AttributeError, TypeError):
+        pass  # an exception type that takes no attributes: the note is lost, not the error

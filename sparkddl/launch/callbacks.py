@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
-from sparkddl.errors import ConfigError
+from sparkddl.errors import ConfigError, add_note
 
 log = logging.getLogger(__name__)
 
@@ -64,9 +64,7 @@ class Callbacks:
                 try:
                     out.append(fn(*args))
                 except BaseException as exc:
-                    # add_note is Python 3.11's: on 3.10 this raises AttributeError (not fixed here)
-                    exc.add_note(  # pyright: ignore[reportAttributeAccessIssue]
-                        f"(raised by {name}, which sparkddl ran on the driver)")
+                    add_note(exc, f"(raised by {name}, which sparkddl ran on the driver)")
                     raise
                 continue
             try:  # runs while the ranks train: they go on; the fit reports the error
@@ -75,10 +73,8 @@ class Callbacks:
                 log.exception("%s failed", name)
                 self.errors.append(f"{name}: {type(exc).__name__}: {exc}")
             except BaseException as exc:  # a cancel or an exit: the fit must end, not go on
-                # add_note is Python 3.11's: on 3.10 this raises AttributeError (not fixed here)
-                exc.add_note(  # pyright: ignore[reportAttributeAccessIssue]
-                    f"(raised by {name}, which sparkddl ran on the driver while "
-                    "the ranks trained; the fit was stopped)")
+                add_note(exc, f"(raised by {name}, which sparkddl ran on the driver while "
+                              "the ranks trained; the fit was stopped)")
                 raise CallbackInterrupt(name, exc) from exc
         return out
 

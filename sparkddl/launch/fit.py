@@ -18,7 +18,8 @@ from sparkddl.channel.server import Message
 from sparkddl.config import TrainConfig
 from sparkddl.data import PreparedData
 from sparkddl.data.plan import reader_modules
-from sparkddl.errors import CheckpointError, ConfigError, JobCancelledError, TrainingFailedError
+from sparkddl.errors import (CheckpointError, ConfigError, JobCancelledError,
+                             TrainingFailedError, add_note)
 from sparkddl.launch import preflight, runlock
 from sparkddl.launch.bounded import bounded_jobs
 from sparkddl.launch.callbacks import Callbacks
@@ -303,10 +304,8 @@ def _end_if_fatal(fatal: Fatal | None, store: Store, run_id: str) -> None:
         raise JobCancelledError(f"fit {run_id} was cancelled: {fatal.where} raised "
                                 "KeyboardInterrupt, which sparkddl takes as a cancel; the "
                                 f"ranks were stopped and have ended. {hint}") from fatal.error
-    # add_note is Python 3.11's: on 3.10 this raises AttributeError (not fixed here)
-    fatal.error.add_note(  # pyright: ignore[reportAttributeAccessIssue]
-        f"fit {run_id} was stopped because {fatal.where} raised this; the "
-        f"ranks were stopped and have ended. {hint}")
+    add_note(fatal.error, f"fit {run_id} was stopped because {fatal.where} raised this; the "
+                          f"ranks were stopped and have ended. {hint}")
     fatal.error.__suppress_context__ = True  # the cancel of the stage it caused is no news
     raise fatal.error
 

@@ -236,10 +236,10 @@ def table_of(store: Store, table: Any) -> Table:
     paths = [fs_path(p, root) for p in rel]
     order = sorted(range(len(paths)), key=paths.__getitem__)
     types = [_type(c, [v[i] for v in values], store.url()) for i, c in enumerate(parts)]
-    deletes = {paths[i]: descriptor(vectors[unquote(rel[i])], root, paths[i])
-               for i in range(len(rel)) if vectors.get(unquote(rel[i]))}
-    records = actions.column("num_records").to_pylist() if "num_records" in names \
-        else [None] * len(rel)
+    deletes = {paths[i]: descriptor(raw, root, paths[i])
+               for i in range(len(rel)) if (raw := vectors.get(unquote(rel[i])))}
+    records: list[Any] = actions.column("num_records").to_pylist() \
+        if "num_records" in names else [None] * len(rel)
     return Table(tuple(paths[i] for i in order), tuple(parts), tuple(types),
                    tuple(tuple(values[i]) for i in order) if parts else (),
                    RowMasks(deletes) if deletes else None, column_mapping(table),

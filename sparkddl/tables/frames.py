@@ -32,9 +32,12 @@ def without_deleted(spark: Any, filesystem: Any, version: Table,
     import pandas as pd
     from pyspark.sql import functions as F
 
+    masks = version.masks
+    assert masks is not None, "called for a table with row masks only"
     tagged, numbers, indexes = [], [], []
-    for n, path in enumerate(p for p in version.paths if p in version.masks.by_file):
-        gone = version.masks.deleted(filesystem, path, file_rows(filesystem, path))
+    for n, path in enumerate(p for p in version.paths if p in masks.by_file):
+        gone = masks.deleted(filesystem, path, file_rows(filesystem, path))
+        assert gone is not None  # a file of by_file has a mask
         numbers.append(np.full(len(gone), n, np.int32))
         indexes.append(gone.astype(np.int64))
         tagged.append(read(path, [F.lit(n).alias("__sparkddl_file"),

@@ -35,7 +35,7 @@ import uuid
 import zlib
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Protocol, Union
+from typing import Any, Mapping, Protocol
 
 import numpy as np
 
@@ -133,7 +133,7 @@ class PositionDeletes:
 
 
 # one data file's mask: a deletion vector, or the positional delete files that apply to it
-FileMask = Union[DeletionVector, tuple[PositionDeletes, ...]]
+FileMask = DeletionVector | tuple[PositionDeletes, ...]
 
 
 def descriptor(raw: dict[str, Any], root: str, data_file: str) -> DeletionVector:
@@ -175,8 +175,10 @@ def positions(dv: PositionDeletes, filesystem: Any, where: str, rows: int) -> np
     from the data file it names ``dv.data_file`` (its other data files' rows skipped: by their
     row groups' statistics where the file has them), each checked to be below ``rows``."""
     import pyarrow as pa
-    import pyarrow.compute as pc
+    import pyarrow.compute
     import pyarrow.parquet as pq
+
+    pc: Any = pyarrow.compute  # its functions are made at import: no stubs name them
 
     found = []
     try:
@@ -222,13 +224,14 @@ def _bitmap(dv: DeletionVector, filesystem: Any) -> bytes:
             if dv.offset == 0:
                 raise ValueError("its offset is 0, the file's version byte")
             raise ValueError(f"the file's version byte is {f.read_at(1, 0)!r}, not 1")
-        head = f.read_at(4, dv.offset)
+        offset = dv.offset or 0  # 0 refused above: a u or p descriptor has one
+        head = f.read_at(4, offset)
         if len(head) < 4:
             raise ValueError(f"offset {dv.offset} is past the end of the file")
         (size,) = struct.unpack(">i", head)
         if size != dv.size:
             raise ValueError(f"the file gives the bitmap {size} bytes, the log {dv.size}")
-        body = f.read_at(size + 4, dv.offset + 4)
+        body = f.read_at(size + 4, offset + 4)
     if len(body) < size + 4:
         raise ValueError("the file ends inside the bitmap")
     data, (crc,) = body[:size], struct.unpack(">I", body[size:])
@@ -242,8 +245,8 @@ class RowMasks:
     delete files that apply to it); decoded on first use, a few kept per process (the files
     a rank reads, read again every epoch)."""
 
-    def __init__(self, by_file: dict[str, FileMask]):
-        self.by_file = by_file
+    def __init__(self, by_file: Mapping[str, FileMask]):
+        self.by_file = dict(by_file)
         self._decoded: OrderedDict[tuple[str, Any], np.ndarray] = OrderedDict()
         self._lock = threading.Lock()  # the reader's threads share it
 

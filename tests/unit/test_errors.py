@@ -93,3 +93,20 @@ def test_every_sparkddl_error_survives_pickling():
     for cls in simple:
         err = pickle.loads(pickle.dumps(cls("what was wrong")))
         assert type(err) is cls and str(err) == "what was wrong"
+
+
+def test_a_note_is_added_on_every_python_the_package_supports():
+    """Python 3.10 has no BaseException.add_note: the note goes to __notes__ there (where
+    3.11's tracebacks look), never an AttributeError instead of the user's error."""
+    from sparkddl.errors import add_note
+
+    class Old(Exception):  # an exception as Python 3.10 has them
+        def __getattribute__(self, name):
+            if name == "add_note":
+                raise AttributeError(name)
+            return super().__getattribute__(name)
+
+    for exc in (ValueError("boom"), Old("boom")):
+        add_note(exc, "first")
+        add_note(exc, "second")
+        assert exc.__notes__ == ["first", "second"]

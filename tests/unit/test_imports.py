@@ -67,8 +67,8 @@ def test_the_schema_imports_nothing_it_configures():
 # what the ranks and the data plane stand on never reaches up to the driver's launch path,
 # the Estimator or the job/CLI modules; Spark sessions are told apart in sparkddl.session,
 # below them all
-LOWER = ("sparkddl.tables", "sparkddl.data", "sparkddl.train", "sparkddl.task", "sparkddl.strategies",
-         "sparkddl.channel", "sparkddl.session", "sparkddl.export")
+LOWER = ("sparkddl.tables", "sparkddl.data", "sparkddl.train", "sparkddl.task",
+         "sparkddl.strategies", "sparkddl.channel", "sparkddl.session", "sparkddl.export")
 UPPER = ("sparkddl.launch", "sparkddl.ml", "sparkddl.cli", "sparkddl.tracking",
          "sparkddl.distributor")
 
