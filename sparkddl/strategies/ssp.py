@@ -224,8 +224,8 @@ class ParameterServer(threading.Thread):
                     ready.append(w)
                 elif until != float("inf"):
                     wake = until if wake is None else min(wake, until)
-            if wake is not None:
-                self.alarm.set(wake)  # pyright: ignore[reportOptionalMemberAccess]
+            if wake is not None and self.alarm is not None:  # a finite hold: dynamic only
+                self.alarm.set(wake)
             if ready:
                 model = pack(self.params)
                 for w in ready:
