@@ -222,10 +222,10 @@ class Sampler:
 
 # ------------------------------------------------------------------------ time spans
 
-SPANS = (("sparkddl.launch.inputs", "prepare"),  # data: in-place scan or materialization
-         ("sparkddl.launch.inputs", "check_sample"),
+SPANS = (("sparkddl.fit.inputs", "prepare"),  # data: in-place scan or materialization
+         ("sparkddl.fit.inputs", "check_sample"),
          ("sparkddl.launch.launcher", "run_stage"),  # the barrier stage, launch to teardown
-         ("sparkddl.launch.evaluation", "SnapshotEvaluator._evaluate"))  # driver validation
+         ("sparkddl.fit.evaluation", "SnapshotEvaluator._evaluate"))  # driver validation
 
 
 class Spans:
@@ -411,7 +411,7 @@ def summarize(gen: dict[str, Any], fit: dict[str, Any], read: dict[str, Any] | N
                  "check, shard plan, evaluator (and loading the validation rows, where the "
                  "library does)"},
         {"phase": "  of which: data preparation", "s": spans.cell("prepare"),
-         "what": "sparkddl.launch.inputs.prepare: reading the table in place (footers, the "
+         "what": "sparkddl.fit.inputs.prepare: reading the table in place (footers, the "
                  "validation selection) or materializing it into the Store (Spark jobs)"},
         {"phase": "barrier stage", "s": _s(stage_s),
          "what": "launcher.run_stage: task launch, rendezvous, training, snapshots, teardown"},
@@ -586,7 +586,7 @@ def main() -> None:
     echo = logging.StreamHandler(sys.stderr)
     echo.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s"))
     lib_log.addHandler(echo)
-    logging.getLogger("sparkddl.launch.progress").setLevel(logging.WARNING)
+    logging.getLogger("sparkddl.fit.progress").setLevel(logging.WARNING)
 
     mem_mb = memory_mb(args.executor_memory)
     spark = local_spark(master=f"local-cluster[{WORKERS},1,{mem_mb}]",

@@ -9,7 +9,7 @@ from typing import Any
 
 from sparkddl.cli import spark_settings
 from sparkddl.session import cluster_context
-from sparkddl.launch.inputs import prepare_data
+from sparkddl.fit.inputs import prepare_data
 from sparkddl.errors import ConfigError, StoreError
 from sparkddl.cli.preset import JobConfig, redacted
 from sparkddl.problems import Problem

@@ -5,8 +5,8 @@ from typing import Any
 
 from sparkddl.config import TrainConfig
 from sparkddl.errors import ConfigError
-from sparkddl.launch.callbacks import Callbacks
-from sparkddl.launch.fit import FitResult, fit
+from sparkddl.fit.callbacks import Callbacks
+from sparkddl.fit.supervisor import FitResult, fit
 from sparkddl.ml import architecture, param_schema
 from sparkddl.ml.generated_params import HasTorchModelParams, TorchEstimatorBase
 from sparkddl.ml.model import TorchModel

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 
 from sparkddl.config import TrainConfig
 from sparkddl.launch import preflight
-from sparkddl.launch.inputs import prepare_data, shard_plan
+from sparkddl.fit.inputs import prepare_data, shard_plan
 from sparkddl.launch.launcher import launch_ranks, new_run_id
 from sparkddl.perfmodel import memory
 from sparkddl.perfmodel.calibrate import Candidate, calibrate

@@ -12,7 +12,7 @@ from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
 from sparkddl import (ConfigError, SparkDDLError, TorchEstimator, TorchModel, TrainingFailedError,
                       trusted_loading)
 from sparkddl.config import TrainConfig
-from sparkddl.launch.fit import fit
+from sparkddl.fit.supervisor import fit
 from sparkddl.models import MLP
 from sparkddl.store import Store
 from tests.integration.digits import accuracy, digits_df, mlp

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from sparkddl import ConfigError, TorchEstimator
-from sparkddl.launch import evaluation
+from sparkddl.fit import evaluation
 from tests.integration.digits import digits_df, mlp
 
 METRICS = ["accuracy", "f1", "auroc", "mcc"]
@@ -72,7 +72,7 @@ def test_a_spark_job_beside_the_fit_gives_the_driver_s_metrics(digits, tmp_path,
                                                                caplog):
     import logging
 
-    from sparkddl.launch import cluster_eval
+    from sparkddl.fit import cluster_eval
     # one rank on local[2] leaves one slot free; the job is cut in 3 parts all the same
     # (queued on that slot) so that the driver merges several tasks' states
     on_driver = _fit(digits, tmp_path / "driver", evaluation="driver", numWorkers=1)

@@ -220,7 +220,7 @@ def test_a_fit_on_a_table_read_in_place_streams_its_validation_split(spark_local
     import torch
 
     from sparkddl.config import TrainConfig
-    from sparkddl.launch.fit import fit
+    from sparkddl.fit.supervisor import fit
     from tests.integration.digits import digits_df, mlp
 
     path = str(tmp_path / "digits")

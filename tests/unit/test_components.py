@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from sparkddl.errors import ConfigError
-from sparkddl.launch.checks import check_sample
-from sparkddl.launch.inputs import resolve_best_by
+from sparkddl.fit.checks import check_sample
+from sparkddl.fit.inputs import resolve_best_by
 from sparkddl.ml.architecture import describe, importable_name
 from sparkddl.models import CNN, MLP, build_model
 from sparkddl.train.components import model_factory, optimizer_recipe, resolve_loss

@@ -69,7 +69,7 @@ def test_the_schema_imports_nothing_it_configures():
 # below them all
 LOWER = ("sparkddl.tables", "sparkddl.data", "sparkddl.train", "sparkddl.task",
          "sparkddl.strategies", "sparkddl.channel", "sparkddl.session", "sparkddl.export")
-UPPER = ("sparkddl.launch", "sparkddl.ml", "sparkddl.cli", "sparkddl.tracking",
+UPPER = ("sparkddl.launch", "sparkddl.fit", "sparkddl.ml", "sparkddl.cli", "sparkddl.tracking",
          "sparkddl.distributor")
 
 
@@ -81,6 +81,17 @@ def test_the_lower_layers_never_import_the_upper_ones():
     upward = {module: sorted(t for t in targets if _within(t, UPPER))
               for module, targets in imports().items() if _within(module, LOWER)}
     assert {m: t for m, t in upward.items() if t} == {}
+
+
+def test_the_stage_runner_never_imports_the_fits_supervisor():
+    """sparkddl.launch runs barrier stages for run, TorchDistributor, HorovodRunner and fits;
+    sparkddl.fit supervises a fit on top of it, never the other way round."""
+    launch = {m: t for m, t in imports().items() if m.startswith("sparkddl.launch")}
+    assert {m: sorted(t) for m, t in launch.items() if _within_any(t, ("sparkddl.fit",))} == {}
+
+
+def _within_any(targets: set[str], packages: tuple[str, ...]) -> list[str]:
+    return [t for t in targets if _within(t, packages)]
 
 
 def test_tables_stand_below_the_data_plane():

@@ -20,7 +20,7 @@ from sparkddl.export import program as exported  # noqa: E402
 from sparkddl.errors import ConfigError  # noqa: E402
 from sparkddl.ml.model import TorchModel  # noqa: E402
 from sparkddl.problems import Problem  # noqa: E402
-from sparkddl.launch.restarts import Restart  # noqa: E402
+from sparkddl.fit.restarts import Restart  # noqa: E402
 from sparkddl import tracking  # noqa: E402
 from tests.unit.export.test_program import Branchy  # noqa: E402
 

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from sparkddl.errors import ConfigError
-from sparkddl.launch.callbacks import Callbacks
+from sparkddl.fit.callbacks import Callbacks
 from sparkddl.strategies.base import Strategy
 from sparkddl.train.optimization import (OptimizerStep, autocast, check_scheduler,
                                          optimizer_steps, scaler, scheduler_recipe)

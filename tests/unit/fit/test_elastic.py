@@ -5,7 +5,7 @@ import pytest
 
 from sparkddl.config import TrainConfig
 from sparkddl.errors import ConfigError
-from sparkddl.launch.elastic import check_elastic, per_rank_batch
+from sparkddl.fit.elastic import check_elastic, per_rank_batch
 
 
 def test_the_global_batch_is_kept_where_the_new_world_divides_it():

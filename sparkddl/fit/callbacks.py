@@ -1,7 +1,7 @@
 """User callbacks, run on the driver: ``on_fit_start(estimator)``, ``on_epoch_end(row)``
 (return True to stop training; the ranks agree on it after the same step, as with early
 stopping), ``on_snapshot(epoch, state_dict)``, ``on_restart(restart)`` (a failed attempt,
-before the ranks are relaunched; see sparkddl.launch.restarts.Restart) and
+before the ranks are relaunched; see sparkddl.fit.restarts.Restart) and
 ``on_fit_end(model)``. A callback may define any subset. One that raises fails the fit with
 its name, except ``on_epoch_end``, ``on_snapshot`` and ``on_restart``, which run while the
 fit goes on: their errors (an ``Exception``) are kept with the fit's evaluation errors and

@@ -14,11 +14,11 @@ import torch
 from sparkddl.channel import messages as m
 from sparkddl.channel.server import Message
 from sparkddl.errors import JobCancelledError, TrainingFailedError
-from sparkddl.launch import fit as fit_module
-from sparkddl.launch.callbacks import CallbackInterrupt, Callbacks
-from sparkddl.launch.evaluation import SnapshotEvaluator
-from sparkddl.launch.progress import Progress
-from sparkddl.launch.restarts import RestartPolicy
+from sparkddl.fit import supervisor as fit_module
+from sparkddl.fit.callbacks import CallbackInterrupt, Callbacks
+from sparkddl.fit.evaluation import SnapshotEvaluator
+from sparkddl.fit.progress import Progress
+from sparkddl.fit.restarts import RestartPolicy
 from sparkddl.store import Store
 from sparkddl.train.steps import LossFn
 

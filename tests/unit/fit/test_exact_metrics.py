@@ -16,9 +16,9 @@ from sparkddl.channel import messages as m
 from sparkddl.data import DataSpec
 from sparkddl.data.source import open_parquet
 from sparkddl.errors import ConfigError
-from sparkddl.launch import evaluation
-from sparkddl.launch.evaluation import SnapshotEvaluator
-from sparkddl.launch.inputs import resolve_best_by
+from sparkddl.fit import evaluation
+from sparkddl.fit.evaluation import SnapshotEvaluator
+from sparkddl.fit.inputs import resolve_best_by
 from sparkddl.store import Store
 from sparkddl.train.metrics import ExactMetric, resolve_metrics
 from sparkddl.train.steps import LossFn

@@ -24,7 +24,7 @@ from sparkddl.channel import messages
 from sparkddl.data import Dataset
 from sparkddl.data.local import validation_batches
 from sparkddl.store import Store
-from sparkddl.launch.callbacks import CallbackInterrupt, Callbacks
+from sparkddl.fit.callbacks import CallbackInterrupt, Callbacks
 from sparkddl.train.components import build_module
 from sparkddl.train.evaluate import EVAL_BATCH, RANKS_FROM_ROWS, evaluate
 from sparkddl.train.steps import LossFn

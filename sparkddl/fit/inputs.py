@@ -14,7 +14,7 @@ from sparkddl.data.local import read_rows
 from sparkddl.data.plan import ShardPlan
 from sparkddl.errors import ConfigError
 from sparkddl.export.program import input_specs
-from sparkddl.launch.checks import ProblemInfo, check_finite, check_sample
+from sparkddl.fit.checks import ProblemInfo, check_finite, check_sample
 from sparkddl.store import Store
 from sparkddl.train.components import (OptimizerRecipe, build_module, check_optimizer,
                                        model_factory, optimizer_recipe, resolve_loss)

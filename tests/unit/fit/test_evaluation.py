@@ -13,7 +13,7 @@ from sparkddl.channel import messages as m
 from sparkddl.channel.server import Message
 from sparkddl.data import DataSpec
 from sparkddl.data.source import open_parquet
-from sparkddl.launch.evaluation import SnapshotEvaluator
+from sparkddl.fit.evaluation import SnapshotEvaluator
 from sparkddl.launch.monitor import StageMonitor
 from sparkddl.store import Store
 from sparkddl.train.metrics import resolve_metrics
@@ -133,7 +133,7 @@ def test_ranks_evaluate_a_split_with_fewer_row_groups_than_ranks():
     from sparkddl.config import TrainConfig
     from sparkddl.data.dataset import Dataset
     from sparkddl.errors import ConfigError
-    from sparkddl.launch.evaluation import evaluation_mode
+    from sparkddl.fit.evaluation import evaluation_mode
     val = Dataset("file:///nowhere", (), (300, 900))
     assert evaluation_mode(TrainConfig(evaluation="ranks", num_workers=4), val) == "ranks"
     tiny = Dataset("file:///nowhere", (), (2, 1))

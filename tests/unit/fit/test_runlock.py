@@ -10,7 +10,7 @@ import time
 import pytest
 
 from sparkddl.errors import ConfigError
-from sparkddl.launch import runlock
+from sparkddl.fit import runlock
 from sparkddl.store import Store
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 import time
 
 from sparkddl.errors import RankFailure, TrainingFailedError
-from sparkddl.launch.restarts import RestartPolicy, signature, will_repeat
+from sparkddl.fit.restarts import RestartPolicy, signature, will_repeat
 
 
 def failed(*failures: RankFailure) -> TrainingFailedError:

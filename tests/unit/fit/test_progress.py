@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 
-from sparkddl.launch import progress as progress_mod
+from sparkddl.fit import progress as progress_mod
 
 
 def test_log_lines_show_epoch_step_loss_and_samples_per_second(monkeypatch, caplog):
