@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkddl.tables.delta import is_delta, scan_table
+from sparkddl.tables.handed import handed
 from sparkddl.tables.hive import SPARK_TYPES, hive_table
 from sparkddl.tables.table import Table
 from sparkddl.tables.parquet import data_files
@@ -49,9 +50,7 @@ def decide(df: Any, columns: list[str], kinds: dict[str, str], types: dict[str, 
     if rows_selected and reader == "petastorm":
         return Decision(None, "reader='petastorm' reads whole row groups and the validation "
                               "split of a table read in place selects rows inside them")
-    # the instance's own attribute: a Spark Connect DataFrame answers any other name with a
-    # Column of that name
-    delta = getattr(df, "__dict__", {}).get("_sparkddl_delta")
+    delta = handed(df)
     if delta is not None:  # sparkddl.read_delta's or read_iceberg's DataFrame, as returned
         # delta: the (url, listing) pair read_delta and read_iceberg set
         return _delta_frame(*delta, columns, kinds, types, reader, split_column)  # pyright: ignore[reportCallIssue]

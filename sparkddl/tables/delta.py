@@ -21,6 +21,7 @@ from sparkddl.errors import DataError
 from sparkddl.store import Store
 from sparkddl.tables.delta_log import DELTA_LOG, column_mapping, damaged_commit, logged_vectors
 from sparkddl.tables.frames import union, without_deleted
+from sparkddl.tables.handed import hand_over
 from sparkddl.tables.masks import RowMasks, descriptor
 from sparkddl.tables.paths import fs_path
 from sparkddl.tables.table import Table
@@ -113,9 +114,7 @@ def read_delta(spark: Any, url: str) -> Any:
         raise DataError(f"the Delta table at {url} has no data files in its current version; "
                         "there is nothing to train on")
     store = Store.from_uri(url)
-    frame = _frame(spark, store, version)
-    frame._sparkddl_delta = (store.url(), version)  # what decide() reads in place
-    return frame
+    return hand_over(_frame(spark, store, version), store.url(), version)
 
 
 _SPARK_TYPES = {"int64": "bigint", "int32": "int", "int16": "smallint", "int8": "tinyint",

@@ -28,6 +28,7 @@ from sparkddl.errors import DataError
 from sparkddl.store import Store
 from sparkddl.store.store import split_uri
 from sparkddl.tables.frames import union, without_deleted
+from sparkddl.tables.handed import hand_over
 from sparkddl.tables.masks import PositionDeletes, RowMasks
 from sparkddl.tables.parquet import parquet_file
 from sparkddl.tables.table import Table
@@ -144,8 +145,7 @@ def read_iceberg(spark: Any, table_or_identifier: Any, catalog: Any = None) -> A
         raise DataError(f"the data files of the Iceberg table {_name(table)} do not hold its "
                         f"partition column {missing[0]!r} (files imported from a Hive table?); "
                         "read the table through Spark with Iceberg's runtime jar")
-    frame._sparkddl_delta = (url, snapshot)  # what decide() reads in place
-    return frame
+    return hand_over(frame, url, snapshot)  # what a fit reads in place
 
 
 def table_url(table: Any, snapshot: Table) -> str:

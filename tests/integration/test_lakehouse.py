@@ -14,6 +14,7 @@ import sparkddl
 from sparkddl.data import DataSpec, epoch_batches, prepare
 from sparkddl.data.local import read_rows
 from sparkddl.errors import ConfigError, DataError
+from sparkddl.tables.handed import handed
 from tests.integration.test_inplace import stored_data
 
 PARTED = DataSpec.of("a", "part", extra="id")
@@ -284,7 +285,8 @@ def test_read_iceberg_gives_spark_and_the_fit_the_current_snapshot(spark_local, 
         expected
     # by its identifier in a catalog, the same files
     again = sparkddl.read_iceberg(spark_local, "ns.t", catalog=table.catalog)
-    assert again._sparkddl_delta[1] == df._sparkddl_delta[1]
+    assert handed(again)[1] == handed(df)[1]
+    assert not [k for k in vars(df) if "sparkddl" in k]  # nothing hung on pyspark's object
 
 
 @pytest.mark.timeout(180)
