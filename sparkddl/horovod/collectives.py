@@ -14,6 +14,7 @@ import torch
 import torch.distributed as dist
 
 from sparkddl.horovod.basics import rank, size
+from sparkddl.strategies.tensors import flatten, unflatten_into
 
 # Horovod's reduction constants (hvd.Average, hvd.Sum, ...)
 Average, Sum, Adasum, Min, Max, Product = range(6)
@@ -75,7 +76,7 @@ def reduce_op(op: int | None, average: bool | None = None) -> int:
 
 def coalesced(tensors: Iterable[torch.Tensor], fn: Callable[[torch.Tensor], object]) -> None:
     """Apply the in-place collective ``fn`` to ``tensors`` with one call per (device, dtype):
-    flattened into one buffer, copied back after."""
+    flattened into one buffer, copied back after (the strategies' own helpers)."""
     buckets: dict[tuple, list[torch.Tensor]] = {}
     for t in tensors:
         buckets.setdefault((t.device, t.dtype), []).append(t)
@@ -83,12 +84,9 @@ def coalesced(tensors: Iterable[torch.Tensor], fn: Callable[[torch.Tensor], obje
         if len(group) == 1 and group[0].is_contiguous():
             fn(group[0])
             continue
-        flat = torch.cat([t.reshape(-1) for t in group])
+        flat = flatten(group)
         fn(flat)
-        offset = 0
-        for t in group:
-            t.copy_(flat[offset:offset + t.numel()].view_as(t))
-            offset += t.numel()
+        unflatten_into(flat, group)
 
 
 def reduce_(tensors: Iterable[torch.Tensor], op: int, prescale_factor: float = 1.0,

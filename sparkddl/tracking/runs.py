@@ -113,8 +113,8 @@ class MlflowTracking:
             return None
         tracking = cls(client, run_id, started)  # pyright: ignore[reportPossiblyUnboundVariable] - bound when why is None
         tracking._submit(lambda c, run: _log_params(c, run, params))
-        from sparkddl import __version__
-        tracking._submit(lambda c, run: c.set_tag(run, "sparkddl.version", __version__))
+        from importlib.metadata import version  # the installed package's: no import upward
+        tracking._submit(lambda c, run: c.set_tag(run, "sparkddl.version", version("sparkddl")))
         return tracking
 
     # ---- Callbacks hooks ----

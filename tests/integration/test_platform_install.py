@@ -101,3 +101,11 @@ def _unmet(wheel) -> list[str]:
         if not req.specifier.contains(version, prereleases=True):
             unmet.append(f"{req} (the stack has {version})")
     return unmet
+
+
+def test_the_wheel_carries_its_package_data_and_says_it_is_typed(wheel):
+    """The embedded preset (the CLI's default) and py.typed (PEP 561: type checkers read the
+    package's annotations) are in the wheel, beside every subpackage."""
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"sparkddl/py.typed", "sparkddl/presets/digits.toml",
+            "sparkddl/tables/__init__.py", "sparkddl/fit/__init__.py"} <= names
