@@ -63,8 +63,7 @@ from typing import Any, Callable
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(HERE.parent))  # tests.delta_build: the Delta writer of the tests
-from common import (digits_parquet, end_run, local_spark, md_table, mlp,  # noqa: E402
-                    start_run, traced_fit)
+from common import digits_parquet, end_run, local_spark, md_table, mlp, start_run, traced_fit  # noqa: E402
 
 DEFAULT_TILES = 2226
 SPEC_FEATURES, SPEC_LABEL = "features", "label"
@@ -149,8 +148,8 @@ def planning(spark: Any, table: str, batch: int, work: Path, repeats: int
              ) -> tuple[dict[str, Any], Any]:
     import sparkddl
     from sparkddl.data import prepare
-    from sparkddl.tables.delta import delta_table
     from sparkddl.store import Store
+    from sparkddl.tables.delta import delta_table
 
     out: dict[str, Any] = {}
     store = f"file://{work}/store-plan"
@@ -193,12 +192,13 @@ def file_rows(fs: Any, path: str) -> int:
 # ------------------------------------------------------------------------------- memory
 
 def memory(table: str, prepared: Any, batch: int, seed: int) -> dict[str, Any]:
-    import numpy as np
     from urllib.parse import unquote, urlparse
 
+    import numpy as np
+
+    from sparkddl.store import Store
     from sparkddl.tables.delta import delta_table
     from sparkddl.tables.parquet import list_row_groups
-    from sparkddl.store import Store
 
     store = Store.from_uri(table)
     fs, root = store.filesystem(), store.fs_path(store.url())
@@ -585,7 +585,6 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(args: argparse.Namespace) -> None:
     import deltalake
-
     import side_by_side
 
     hp = side_by_side.Hyper(epochs=args.epochs, batch=args.batch)

@@ -64,8 +64,16 @@ from pathlib import Path
 from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from common import (digits_parquet, local_spark, md_table, mlp, spawn_ranks,
-                    end_run, start_run, traced_fit)
+from common import (
+    digits_parquet,
+    end_run,
+    local_spark,
+    md_table,
+    mlp,
+    spawn_ranks,
+    start_run,
+    traced_fit,
+)
 
 FULL, ONE, FEWER, SKEWED, SINGLE = ("full+remainder", "one group per file",
                                     "fewer files than ranks", "skewed files", "single file")

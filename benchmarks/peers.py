@@ -256,10 +256,9 @@ def streaming_train(local: str, hp: Hyper, loader_workers: int, one_host: bool
         os.environ["LOCAL_RANK"] = os.environ["RANK"]
     import torch
     import torch.distributed as dist
+    from streaming import StreamingDataset
     from torch.nn.parallel import DistributedDataParallel as DDP
     from torch.utils.data import DataLoader
-
-    from streaming import StreamingDataset
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -279,7 +278,6 @@ def run_streaming(table: Path, hp: Hyper, work: Path, loader_workers: int = 2
     spark, session_s = _spark(hp)
     try:
         from pyspark.ml.torch.distributor import TorchDistributor
-
         from streaming.base.converters import dataframe_to_mds
 
         t = time.perf_counter()
@@ -308,10 +306,9 @@ def run_streaming(table: Path, hp: Hyper, work: Path, loader_workers: int = 2
 
 def ray_train_loop(config: dict[str, Any]) -> None:
     """Runs on each Ray Train worker: the Ray Train docs' recipe."""
-    import torch
-
     import ray.train
     import ray.train.torch
+    import torch
 
     hp: Hyper = config["hp"]
     torch.set_num_threads(1)

@@ -50,8 +50,8 @@ def plain_pyarrow(dataset) -> int:
     import pyarrow.parquet as pq
     import torch
 
-    from sparkddl.tables.parquet import list_row_groups
     from sparkddl.store import Store
+    from sparkddl.tables.parquet import list_row_groups
     store = Store.from_uri(dataset.url)
     fs = store.filesystem()
     n = 0

@@ -27,8 +27,9 @@ def trivial() -> float:
 
 
 def main() -> None:
-    import sparkddl
     from pyspark.ml.torch.distributor import TorchDistributor
+
+    import sparkddl
 
     logging.getLogger("TorchDistributor").setLevel(logging.ERROR)
     spark = local_spark()

@@ -57,9 +57,20 @@ from typing import Any, Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import digits_parquet, local_spark, mlp, spawn_ranks
-from side_by_side_report import (FIT_COLD, FIT_DERIVED, FIT_WARM, FLOOR,
-                                 FLOOR_2, LOCAL_SGD, NO_OVERLAP, PEER, PEER_DISK, REFERENCE,
-                                 RUN_COLD, report)
+from side_by_side_report import (
+    FIT_COLD,
+    FIT_DERIVED,
+    FIT_WARM,
+    FLOOR,
+    FLOOR_2,
+    LOCAL_SGD,
+    NO_OVERLAP,
+    PEER,
+    PEER_DISK,
+    REFERENCE,
+    RUN_COLD,
+    report,
+)
 from tracing import CHECKS, DATA, END, LAUNCH, LOOP, Trace
 
 WORKERS = 2

@@ -31,8 +31,8 @@ class Trace:
 
     def __init__(self) -> None:
         from sparkddl.data import fingerprint, materialize
-        from sparkddl.launch import launcher, monitor
         from sparkddl.fit import inputs
+        from sparkddl.launch import launcher, monitor
         self.spans: list[tuple[str, float, float]] = []
         self.messages: list[tuple[str, int, float, str]] = []
         self._saved: list[tuple[Any, str, Any]] = []

@@ -30,16 +30,25 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS) + ["__version__"]  # pyright: ignore[reportUnsupportedDunderAll]
 
 if TYPE_CHECKING:  # the same names for type checkers and the API reference; never run
-    from sparkddl.tables.delta import read_delta
-    from sparkddl.tables.iceberg import read_iceberg
     from sparkddl.distributor import TorchDistributor
-    from sparkddl.errors import (CheckpointError, ClusterError, ConfigError, DataError,
-                                 JobCancelledError, NonFiniteLossError, SparkDDLError,
-                                 StoreError, TrainingFailedError, TransformError,
-                                 UntrustedArtifactError)
+    from sparkddl.errors import (
+        CheckpointError,
+        ClusterError,
+        ConfigError,
+        DataError,
+        JobCancelledError,
+        NonFiniteLossError,
+        SparkDDLError,
+        StoreError,
+        TrainingFailedError,
+        TransformError,
+        UntrustedArtifactError,
+    )
     from sparkddl.launch.runner import run
     from sparkddl.ml import TorchEstimator, TorchModel, trusted_loading
     from sparkddl.store import Store
+    from sparkddl.tables.delta import read_delta
+    from sparkddl.tables.iceberg import read_iceberg
     from sparkddl.task.dist import device, init_process_group
     from sparkddl.task.frameworks import UnsyncedTrainingWarning
 

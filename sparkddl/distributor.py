@@ -16,9 +16,9 @@ from typing import Any, Callable
 
 from sparkddl.errors import ClusterError, ConfigError, in_callers_words
 from sparkddl.launch import preflight
-from sparkddl.session import cluster_context
 from sparkddl.launch.local import run_local
 from sparkddl.launch.runner import launch, spark_session
+from sparkddl.session import cluster_context
 from sparkddl.task.script import script
 
 log = logging.getLogger(__name__)

@@ -8,12 +8,12 @@ from dataclasses import asdict
 from typing import Any
 
 from sparkddl.cli import spark_settings
-from sparkddl.session import cluster_context
-from sparkddl.fit.inputs import prepare_data
-from sparkddl.errors import ConfigError, StoreError
 from sparkddl.cli.preset import JobConfig, redacted
-from sparkddl.problems import Problem
 from sparkddl.cli.sources import holdout_split, load_source
+from sparkddl.errors import ConfigError, StoreError
+from sparkddl.fit.inputs import prepare_data
+from sparkddl.problems import Problem
+from sparkddl.session import cluster_context
 from sparkddl.store import Store
 
 log = logging.getLogger(__name__)
@@ -162,8 +162,11 @@ def save_run(out: Store, model: Any, cfg: JobConfig) -> dict[str, str]:
 
 
 def evaluate_model(model: Any, test_df: Any, label: str) -> dict[str, float]:
-    from pyspark.ml.evaluation import (BinaryClassificationEvaluator,
-                                       MulticlassClassificationEvaluator, RegressionEvaluator)
+    from pyspark.ml.evaluation import (
+        BinaryClassificationEvaluator,
+        MulticlassClassificationEvaluator,
+        RegressionEvaluator,
+    )
 
     pred = model.transform(test_df).cache()
     try:

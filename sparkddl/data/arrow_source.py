@@ -18,10 +18,10 @@ import numpy as np
 
 from sparkddl.data.batching import value_counts
 from sparkddl.data.plan import ShardPlan, piece_order
-from sparkddl.tables.parquet import list_row_groups, read_errors, unreadable
 from sparkddl.data.split import select_rows
 from sparkddl.errors import DataError
 from sparkddl.store import Store
+from sparkddl.tables.parquet import list_row_groups, read_errors, unreadable
 
 
 def read_sub_shard(plan: ShardPlan, rank: int, epoch: int, part: int, parts: int

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from sparkddl.tables.table import Table
-from sparkddl.tables.parquet import RowGroup, parquet_file
 from sparkddl.data.schema import ColumnSpec
 from sparkddl.errors import DataError
+from sparkddl.tables.parquet import RowGroup, parquet_file
+from sparkddl.tables.table import Table
 
 
 def arrow_kind(t: Any) -> str:

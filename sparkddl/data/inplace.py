@@ -18,14 +18,14 @@ import posixpath
 from dataclasses import dataclass
 from typing import Any
 
-from sparkddl.tables.delta import is_delta, scan_table
-from sparkddl.tables.handed import handed
-from sparkddl.tables.hive import SPARK_TYPES, hive_table
-from sparkddl.tables.table import Table
-from sparkddl.tables.parquet import data_files
 from sparkddl.errors import DataError
 from sparkddl.store import Store, decode_hadoop_uri
 from sparkddl.store.store import split_uri
+from sparkddl.tables.delta import is_delta, scan_table
+from sparkddl.tables.handed import handed
+from sparkddl.tables.hive import SPARK_TYPES, hive_table
+from sparkddl.tables.parquet import data_files
+from sparkddl.tables.table import Table
 
 log = logging.getLogger(__name__)
 

@@ -27,11 +27,11 @@ from sparkddl.data.dataset import Dataset, PreparedData, read_meta, write_meta
 from sparkddl.data.encode import SPLIT_COL, merge_stats, write_partition
 from sparkddl.data.memory import job_errors, row_group_bytes
 from sparkddl.data.plan import check_enough_rows
-from sparkddl.tables.parquet import list_row_groups
 from sparkddl.data.schema import ColumnSpec, DataSpec, check_columns, column_spec, spark_kind
 from sparkddl.errors import DataError, StoreError
 from sparkddl.session import cluster_context
 from sparkddl.store import Store, faults
+from sparkddl.tables.parquet import list_row_groups
 
 log = logging.getLogger(__name__)
 

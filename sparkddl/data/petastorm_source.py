@@ -16,10 +16,10 @@ from typing import Any, Generator
 
 from sparkddl.data.petastorm_check import MODULES, unavailable_reason  # noqa: F401
 from sparkddl.data.plan import Piece, ShardPlan, piece_order
-from sparkddl.tables.parquet import list_row_groups
 from sparkddl.errors import DataError
 from sparkddl.store import Store
 from sparkddl.store.store import split_uri
+from sparkddl.tables.parquet import list_row_groups
 
 # Petastorm 0.13 drives pyarrow 14 through its deprecated legacy API on every row group,
 # and logs at INFO that plain Parquet has no Petastorm metadata (expected here)

@@ -27,12 +27,12 @@ from urllib.parse import urlparse
 import numpy as np
 
 from sparkddl.config import READERS
-from sparkddl.tables.parquet import data_files
-from sparkddl.tables.table import Table
 from sparkddl.data.petastorm_check import MODULES, unavailable_reason
 from sparkddl.data.schema import ColumnSpec
 from sparkddl.data.split import Selection
 from sparkddl.errors import ConfigError, DataError
+from sparkddl.tables.parquet import data_files
+from sparkddl.tables.table import Table
 
 log = logging.getLogger(__name__)
 

@@ -24,9 +24,9 @@ from sparkddl.data import arrow_source, petastorm_source
 from sparkddl.data.batching import Chunk, Rebatcher, decode_arrow, to_tensors
 from sparkddl.data.epoch_cache import epoch_cache
 from sparkddl.data.plan import ShardPlan, check_unchanged, piece_order, resolve_reader
-from sparkddl.tables.parquet import read_errors, unreadable
 from sparkddl.data.transform import Shapes, ahead
 from sparkddl.errors import DataError
+from sparkddl.tables.parquet import read_errors, unreadable
 
 log = logging.getLogger(__name__)
 

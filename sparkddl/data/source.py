@@ -15,8 +15,14 @@ from sparkddl.data.dataset import Dataset, PreparedData
 from sparkddl.data.footers import arrow_kind, check_footers, label_ranges
 from sparkddl.data.plan import check_enough_rows
 from sparkddl.data.schema import ColumnSpec, DataSpec, check_columns, column_spec
-from sparkddl.data.split import (GROUP_SPLIT_MIN, Selection, choose_groups, column_rows,
-                                 fraction_rows, relative)
+from sparkddl.data.split import (
+    GROUP_SPLIT_MIN,
+    Selection,
+    choose_groups,
+    column_rows,
+    fraction_rows,
+    relative,
+)
 from sparkddl.errors import DataError
 from sparkddl.store import Store
 from sparkddl.tables.delta import delta_table

@@ -22,8 +22,14 @@ from dataclasses import dataclass
 from typing import Any, Iterable, Iterator
 
 from sparkddl.errors import UntrustedArtifactError
-from sparkddl.export.portable import (CONSTANTS_FILE, GRAPH_FILE, INPUTS_FILE,
-                                      UntrustedProgramError, deserialize_program, load_program)
+from sparkddl.export.portable import (
+    CONSTANTS_FILE,
+    GRAPH_FILE,
+    INPUTS_FILE,
+    UntrustedProgramError,
+    deserialize_program,
+    load_program,
+)
 from sparkddl.export.program_check import refusal
 
 log = logging.getLogger(__name__)

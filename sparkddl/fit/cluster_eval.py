@@ -67,9 +67,9 @@ class ClusterEvaluator:
         self.fixed = (factory, step, metrics, val, transform, shapes)
 
     def __call__(self, state: dict[str, Any], epoch: int) -> dict[str, float]:
-        from sparkddl.train.evaluate import finish, merge_parts
-
         import torch
+
+        from sparkddl.train.evaluate import finish, merge_parts
         buf = io.BytesIO()
         torch.save(state, buf)
         fixed, weights, parts = self.fixed, buf.getvalue(), self.parts

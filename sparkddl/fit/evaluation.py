@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from sparkddl import checkpoint
-from sparkddl.checkpoint.safe import load_plain
-from sparkddl.errors import ConfigError
 from sparkddl.channel import messages
+from sparkddl.checkpoint.safe import load_plain
 from sparkddl.data import Dataset
 from sparkddl.data.local import validation_batches
-from sparkddl.store import Store
+from sparkddl.errors import ConfigError
 from sparkddl.fit.callbacks import CallbackInterrupt, Callbacks
+from sparkddl.store import Store
 from sparkddl.train.components import build_module
 from sparkddl.train.evaluate import EVAL_BATCH, RANKS_FROM_ROWS, evaluate
 from sparkddl.train.steps import LossFn

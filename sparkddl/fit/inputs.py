@@ -16,11 +16,21 @@ from sparkddl.errors import ConfigError
 from sparkddl.export.program import input_specs
 from sparkddl.fit.checks import ProblemInfo, check_finite, check_sample
 from sparkddl.store import Store
-from sparkddl.train.components import (OptimizerRecipe, build_module, check_optimizer,
-                                       model_factory, optimizer_recipe, resolve_loss)
+from sparkddl.train.components import (
+    OptimizerRecipe,
+    build_module,
+    check_optimizer,
+    model_factory,
+    optimizer_recipe,
+    resolve_loss,
+)
 from sparkddl.train.metrics import per_batch, resolve_metrics
-from sparkddl.train.optimization import (SchedulerRecipe, check_precision, check_scheduler,
-                                         scheduler_recipe)
+from sparkddl.train.optimization import (
+    SchedulerRecipe,
+    check_precision,
+    check_scheduler,
+    scheduler_recipe,
+)
 from sparkddl.train.steps import LossFn, loss_fn
 
 log = logging.getLogger(__name__)

@@ -9,8 +9,13 @@ import time
 from dataclasses import dataclass, field
 
 from sparkddl import checkpoint
-from sparkddl.errors import (NonFiniteLossError, RankFailure, StoreError, TrainingFailedError,
-                             TransformError)
+from sparkddl.errors import (
+    NonFiniteLossError,
+    RankFailure,
+    StoreError,
+    TrainingFailedError,
+    TransformError,
+)
 from sparkddl.store import Store
 from sparkddl.store.faults import FIXES
 

@@ -18,25 +18,29 @@ from sparkddl.channel.server import Message
 from sparkddl.config import TrainConfig
 from sparkddl.data import PreparedData
 from sparkddl.data.plan import reader_modules
-from sparkddl.errors import (CheckpointError, ConfigError, JobCancelledError,
-                             TrainingFailedError, add_note)
-from sparkddl.launch import preflight
+from sparkddl.errors import (
+    CheckpointError,
+    ConfigError,
+    JobCancelledError,
+    TrainingFailedError,
+    add_note,
+)
 from sparkddl.fit import runlock
 from sparkddl.fit.bounded import bounded_jobs
 from sparkddl.fit.callbacks import Callbacks
 from sparkddl.fit.checks import ProblemInfo
 from sparkddl.fit.cluster_eval import ClusterEvaluator, check_free_slots, cluster_parts
-from sparkddl.launch.jobs import CallerScope, new_tag
-from sparkddl.session import cluster_context
 from sparkddl.fit.elastic import check_elastic, resized
-from sparkddl.fit.evaluation import (EvaluationResult, Fatal, SnapshotEvaluator,
-                                        evaluation_mode)
+from sparkddl.fit.evaluation import EvaluationResult, Fatal, SnapshotEvaluator, evaluation_mode
 from sparkddl.fit.inputs import check_best_by_early, fit_inputs, shard_plan
-from sparkddl.launch.launcher import launch_ranks, new_run_id
-from sparkddl.launch.monitor import Handlers
 from sparkddl.fit.progress import Progress
 from sparkddl.fit.restarts import Restart, RestartPolicy, record_restart
 from sparkddl.fit.slots import forget_lost_executors, slots_back, world_after_failure
+from sparkddl.launch import preflight
+from sparkddl.launch.jobs import CallerScope, new_tag
+from sparkddl.launch.launcher import launch_ranks, new_run_id
+from sparkddl.launch.monitor import Handlers
+from sparkddl.session import cluster_context
 from sparkddl.store import Store
 from sparkddl.train.loop import train
 from sparkddl.train.metrics import best_mode, per_batch

@@ -26,8 +26,7 @@ from typing import Any, Iterable, Iterator
 import torch
 
 from sparkddl.horovod.basics import rank
-from sparkddl.horovod.collectives import (Average, Compressor, broadcast_object, reduce_,
-                                          reduce_op)
+from sparkddl.horovod.collectives import Average, Compressor, broadcast_object, reduce_, reduce_op
 
 
 def broadcast_optimizer_state(optimizer: torch.optim.Optimizer, root_rank: int = 0,

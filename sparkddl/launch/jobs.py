@@ -8,7 +8,6 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-
 # how Spark words a cancelled job (classic) or an interrupted operation (Connect)
 _CANCEL_MARKERS = ("SPARK_JOB_CANCELLED", "OPERATION_CANCELED", "cancelled part of",
                    "cancellation of all jobs", "cancelled because", "was cancelled",

@@ -5,12 +5,12 @@ import logging
 import os
 from typing import Any, Callable
 
+from sparkddl.channel import messages
 from sparkddl.config import optional_positive_int, positive_seconds
 from sparkddl.errors import ConfigError
 from sparkddl.launch import preflight
-from sparkddl.session import cluster_context
-from sparkddl.channel import messages
 from sparkddl.launch.launcher import launch_ranks, new_run_id
+from sparkddl.session import cluster_context
 from sparkddl.task.frameworks import warn_unsynced
 from sparkddl.task.script import Script, script
 

@@ -7,13 +7,12 @@ from typing import Any, Callable
 from pyspark.ml import Model
 from pyspark.ml.util import MLReadable, MLWritable, MLWriter
 
-from sparkddl.export import program as exported
 from sparkddl.config import TrainConfig, per_row_shape
 from sparkddl.errors import ConfigError, DataError
+from sparkddl.export import program as exported
 from sparkddl.ml import architecture
 from sparkddl.ml.generated_params import HasTorchModelParams
-from sparkddl.ml.inference import (ModelPayload, check_device, exported_eval,
-                                   udf_function)
+from sparkddl.ml.inference import ModelPayload, check_device, exported_eval, udf_function
 from sparkddl.ml.persistence import ModelReader, ModelWriter
 from sparkddl.problems import Problem
 from sparkddl.session import cluster_context

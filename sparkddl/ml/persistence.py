@@ -12,14 +12,13 @@ from typing import Any
 
 from pyspark.ml.util import DefaultParamsReader, MLReader, MLWriter
 
-from sparkddl.export import program as exported
 from sparkddl.checkpoint.safe import load_plain
 from sparkddl.errors import SparkDDLError, StoreError, UntrustedArtifactError
+from sparkddl.export import program as exported
 from sparkddl.ml import architecture
 from sparkddl.session import cluster_context
 from sparkddl.store import Store, decode_hadoop_uri
 from sparkddl.train.components import model_factory
-
 
 # what the model keeps of its fit, set from the metadata as saved
 FIT_FIELDS = ("task", "output_width", "run_id", "chosen_epoch", "best_by", "epochs_done",

@@ -9,8 +9,8 @@ from dataclasses import asdict
 from typing import Any, Sequence
 
 from sparkddl.config import TrainConfig
-from sparkddl.launch import preflight
 from sparkddl.fit.inputs import prepare_data, shard_plan
+from sparkddl.launch import preflight
 from sparkddl.launch.launcher import launch_ranks, new_run_id
 from sparkddl.perfmodel import memory
 from sparkddl.perfmodel.calibrate import Candidate, calibrate

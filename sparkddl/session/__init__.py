@@ -9,8 +9,7 @@ stand on it.
 from __future__ import annotations
 
 from sparkddl.session.cluster import ClassicContext, Inline
-from sparkddl.session.connect import (ConnectContext, channel_host, cluster_context,
-                                      is_connect)
+from sparkddl.session.connect import ConnectContext, channel_host, cluster_context, is_connect
 
 __all__ = ["ClassicContext", "ConnectContext", "Inline", "channel_host", "cluster_context",
            "is_connect"]

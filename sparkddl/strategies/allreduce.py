@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from sparkddl.errors import ConfigError
-from sparkddl.strategies.base import option, Strategy
+from sparkddl.strategies.base import Strategy, option
 from sparkddl.strategies.compression import Cast, Codec, Sign, TopK
 from sparkddl.strategies.powersgd import PowerSGD
 from sparkddl.strategies.tensors import GradientSync, broadcast_, broadcast_module

@@ -16,8 +16,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from sparkddl.strategies.comm import CommStats, tensor_bytes
-from sparkddl.strategies.kernels import (_column_bytes, sign_and_mean_magnitude, signed_mean,
-                                         subtract_signed, top_k_indices, pack_bits)
+from sparkddl.strategies.kernels import (
+    _column_bytes,
+    pack_bits,
+    sign_and_mean_magnitude,
+    signed_mean,
+    subtract_signed,
+    top_k_indices,
+)
 from sparkddl.strategies.tensors import allreduce_mean
 
 if TYPE_CHECKING:

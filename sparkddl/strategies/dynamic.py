@@ -28,9 +28,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from sparkddl.errors import CheckpointError
-from sparkddl.strategies.base import option, Strategy
-from sparkddl.strategies.tensors import (average_, broadcast_module, mean_over_ranks,
-                                         model_state, squared_distance)
+from sparkddl.strategies.base import Strategy, option
+from sparkddl.strategies.tensors import (
+    average_,
+    broadcast_module,
+    mean_over_ranks,
+    model_state,
+    squared_distance,
+)
 
 
 class DynamicAveraging(Strategy):

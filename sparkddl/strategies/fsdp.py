@@ -43,14 +43,14 @@ creates CUDA streams unconditionally, and a CPU module is refused in ``wrap``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 import contextlib
 import math
 from collections import Counter
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
 from sparkddl.errors import ConfigError
-from sparkddl.strategies.base import option, Strategy
+from sparkddl.strategies.base import Strategy, option
 from sparkddl.strategies.comm import tensor_bytes
 from sparkddl.strategies.tensors import broadcast_module
 from sparkddl.task.context import collective
@@ -199,8 +199,10 @@ class FullyShardedDataParallel(Strategy):
     def load_optimizer_state_dict(self, module: Any, optimizer: Any,
                                   state: dict[str, Any]) -> None:
         """Every rank passes the same full state; each keeps its own shard of it."""
-        from torch.distributed.checkpoint.state_dict import (StateDictOptions,
-                                                             set_optimizer_state_dict)
+        from torch.distributed.checkpoint.state_dict import (
+            StateDictOptions,
+            set_optimizer_state_dict,
+        )
 
         with collective("restoring the optimizer state into FSDP shards"):
             set_optimizer_state_dict(module, torch_optimizer(optimizer), optim_state_dict=state,

@@ -21,11 +21,19 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from sparkddl.strategies.base import option, Strategy
+from sparkddl.strategies.base import Strategy, option
 from sparkddl.strategies.comm import CommStats, tensor_bytes
-from sparkddl.strategies.tensors import (DEFAULT_BUCKET_BYTES, average_, broadcast_module,
-                                         bucketize, flatten, mean_over_ranks, model_state,
-                                         squared_distance, unflatten_into)
+from sparkddl.strategies.tensors import (
+    DEFAULT_BUCKET_BYTES,
+    average_,
+    broadcast_module,
+    bucketize,
+    flatten,
+    mean_over_ranks,
+    model_state,
+    squared_distance,
+    unflatten_into,
+)
 from sparkddl.task.context import collective
 
 TOPOLOGIES = ("ring", "exponential")

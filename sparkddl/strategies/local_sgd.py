@@ -9,9 +9,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from sparkddl.strategies.base import option, Strategy
-from sparkddl.strategies.tensors import (DEFAULT_BUCKET_BYTES, GradientSync, allreduce_mean,
-                                         average_, broadcast_module, model_state)
+from sparkddl.strategies.base import Strategy, option
+from sparkddl.strategies.tensors import (
+    DEFAULT_BUCKET_BYTES,
+    GradientSync,
+    allreduce_mean,
+    average_,
+    broadcast_module,
+    model_state,
+)
 
 if TYPE_CHECKING:
     import torch

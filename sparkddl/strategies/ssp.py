@@ -36,20 +36,35 @@ from the restored model.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
 import logging
 import os
 import threading
 import time
+from dataclasses import dataclass
 from typing import Any
 
 from sparkddl.errors import ConfigError, SparkDDLError
-from sparkddl.strategies.base import option, Strategy
+from sparkddl.strategies.base import Strategy, option
+from sparkddl.strategies.ssp_wire import (
+    ALARM,
+    FINAL,
+    PLAIN,
+    PUSH_HEADER,
+    PUSH_QUEUE,
+    UNTIMED,
+    _connection,
+    answer_key,
+    decode_pull,
+    encode_pull,
+    pack,
+    pull_queue,
+    put_chunks,
+    store_queue_problem,
+    take_chunks,
+    unpack,
+    update_key,
+)
 from sparkddl.strategies.tensors import broadcast_module, model_state
-from sparkddl.strategies.ssp_wire import (ALARM, FINAL, PLAIN, PUSH_HEADER, PUSH_QUEUE, UNTIMED,
-                                          _connection, answer_key, decode_pull, encode_pull,
-                                          pack, pull_queue, put_chunks, store_queue_problem,
-                                          take_chunks, unpack, update_key)
 from sparkddl.task import context
 
 log = logging.getLogger(__name__)

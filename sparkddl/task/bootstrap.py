@@ -18,8 +18,7 @@ from datetime import timedelta
 from typing import Any, Iterable, Iterator
 
 from sparkddl.channel.client import RankChannel, open_last_words
-from sparkddl.channel.messages import (DumpStacks, Done, Error, Rendezvous, Stacks, Stop,
-                                       parse)
+from sparkddl.channel.messages import Done, DumpStacks, Error, Rendezvous, Stacks, Stop, parse
 from sparkddl.channel.offline import OfflineChannel
 from sparkddl.errors import ClusterError
 from sparkddl.task import context
@@ -31,9 +30,9 @@ from sparkddl.task.heartbeat import Heartbeat
 from sparkddl.task.last_words import exit_message, fatal_signals, reported_exits
 from sparkddl.task.logs import forward_output
 from sparkddl.task.network import executor_address, executor_id, interface_env, rank_label
+from sparkddl.task.spec import TaskSpec
 from sparkddl.task.stacks import python_stacks
 from sparkddl.task.warm import warm_imports
-from sparkddl.task.spec import TaskSpec
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +42,7 @@ MAX_REPORT_CHARS = 64_000
 
 def barrier_entry(spec: TaskSpec, _rows: Iterable[Any]) -> Iterator[bytes]:
     """mapPartitions function of the barrier stage; yields rank 0's pickled result."""
-    from pyspark import BarrierTaskContext
-    from pyspark import cloudpickle
+    from pyspark import BarrierTaskContext, cloudpickle
 
     spark_ctx = BarrierTaskContext.get()
     rank = spark_ctx.partitionId()

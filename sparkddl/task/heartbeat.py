@@ -6,8 +6,8 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from sparkddl.channel.client import RankChannel
 from sparkddl.channel import messages
+from sparkddl.channel.client import RankChannel
 
 
 class Heartbeat:

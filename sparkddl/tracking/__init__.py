@@ -23,9 +23,8 @@ one warning; training goes on.
 """
 from __future__ import annotations
 
-from sparkddl.tracking.flavor import (MODEL_NAME, input_example, log_model, save_model,
-                                      signature_for)
-from sparkddl.tracking.runs import (MlflowTracking, check_setting, param_text, unreachable)
+from sparkddl.tracking.flavor import MODEL_NAME, input_example, log_model, save_model, signature_for
+from sparkddl.tracking.runs import MlflowTracking, check_setting, param_text, unreachable
 
 __all__ = ["MODEL_NAME", "MlflowTracking", "check_setting", "input_example", "log_model",
            "param_text", "save_model", "signature_for", "unreachable"]

@@ -18,10 +18,10 @@ from sparkddl import checkpoint, strategies
 from sparkddl.channel import protocol
 from sparkddl.channel.messages import Epoch, Progress, Snapshot
 from sparkddl.data.reader import epoch_batches
+from sparkddl.errors import NonFiniteLossError
 from sparkddl.store import Store
 from sparkddl.task import context, rss
 from sparkddl.task.dist import device, init_process_group
-from sparkddl.errors import NonFiniteLossError
 from sparkddl.train import optimization, resume
 from sparkddl.train.components import build_module
 from sparkddl.train.evaluate import RankEvaluator
@@ -108,9 +108,8 @@ def train(spec: TrainSpec) -> dict[str, Any]:
 
 
 def _train(spec: TrainSpec) -> dict[str, Any]:
-    import torch.distributed as dist
-
     import torch
+    import torch.distributed as dist
 
     run = _Run(spec)
     stopped, regrow, epoch = False, False, run.pos.epoch - 1

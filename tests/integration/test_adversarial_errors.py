@@ -23,9 +23,19 @@ import torch
 
 import sparkddl
 import sparkddl.data
-from sparkddl import (CheckpointError, ClusterError, ConfigError, DataError, SparkDDLError,
-                      StoreError, TorchEstimator, TorchModel, TrainingFailedError,
-                      UntrustedArtifactError, checkpoint)
+from sparkddl import (
+    CheckpointError,
+    ClusterError,
+    ConfigError,
+    DataError,
+    SparkDDLError,
+    StoreError,
+    TorchEstimator,
+    TorchModel,
+    TrainingFailedError,
+    UntrustedArtifactError,
+    checkpoint,
+)
 from sparkddl.store import Store
 from tests.conftest import LOCAL, spark_session
 from tests.integration.digits import digits_df, mlp

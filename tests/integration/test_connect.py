@@ -8,8 +8,13 @@ import pytest
 import torch
 
 import sparkddl
-from sparkddl import ClusterError, ConfigError, TorchDistributor, TorchEstimator
-from sparkddl import TrainingFailedError
+from sparkddl import (
+    ClusterError,
+    ConfigError,
+    TorchDistributor,
+    TorchEstimator,
+    TrainingFailedError,
+)
 from tests.integration.digits import _arrays, mlp
 
 

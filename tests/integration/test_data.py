@@ -92,8 +92,14 @@ def read_first_batch(plan) -> dict:
 @pytest.mark.timeout(180)
 def test_vector_array_and_scalar_columns_arrive_as_tensors(spark, tmp_path):
     from pyspark.ml.linalg import Vectors, VectorUDT
-    from pyspark.sql.types import (ArrayType, DoubleType, IntegerType, LongType, StructField,
-                                   StructType)
+    from pyspark.sql.types import (
+        ArrayType,
+        DoubleType,
+        IntegerType,
+        LongType,
+        StructField,
+        StructType,
+    )
     rows = [(i, Vectors.dense([i, 2.0 * i, 3.0 * i]) if i % 2 else Vectors.sparse(3, [0], [i]),
              [float(i), 1.0], [i, i + 1], float(i) / 2, i % 3) for i in range(256)]
     schema = StructType([StructField("id", LongType()), StructField("vec", VectorUDT()),

@@ -13,7 +13,6 @@ import pytest
 
 from sparkddl import ClusterError, TorchDistributor, TrainingFailedError
 
-
 TORCHRUN_KEYS = ("LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK",
                  "SPARKDDL_LOCAL_RANK", "SPARKDDL_LOCAL_WORLD_SIZE")
 

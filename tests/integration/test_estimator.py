@@ -3,14 +3,20 @@ from __future__ import annotations
 
 import pickle
 
-import torch
 import pytest
+import torch
 from pyspark.ml import Pipeline, PipelineModel
 from pyspark.ml.feature import VectorAssembler
 from pyspark.ml.tuning import CrossValidator, ParamGridBuilder
 
-from sparkddl import (ConfigError, SparkDDLError, TorchEstimator, TorchModel, TrainingFailedError,
-                      trusted_loading)
+from sparkddl import (
+    ConfigError,
+    SparkDDLError,
+    TorchEstimator,
+    TorchModel,
+    TrainingFailedError,
+    trusted_loading,
+)
 from sparkddl.config import TrainConfig
 from sparkddl.fit.supervisor import fit
 from sparkddl.models import MLP

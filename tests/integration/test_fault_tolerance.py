@@ -1,8 +1,8 @@
 """Restarts, resume, watchdog and channel safety, black-box, with real processes."""
 from __future__ import annotations
 
-import logging
 import json
+import logging
 import os
 import signal
 import socket

@@ -8,9 +8,13 @@ from __future__ import annotations
 import pytest
 
 from sparkddl import TorchDistributor
-from tests.integration.frameworks import (accelerate_bare, accelerate_digits,
-                                         independent_ranks, lightning_digits,
-                                         transformers_digits)
+from tests.integration.frameworks import (
+    accelerate_bare,
+    accelerate_digits,
+    independent_ranks,
+    lightning_digits,
+    transformers_digits,
+)
 
 pytest.importorskip("pytorch_lightning", reason="the frameworks test extra is not installed")
 pytest.importorskip("accelerate", reason="the frameworks test extra is not installed")

@@ -200,6 +200,7 @@ def test_read_delta_gives_the_estimator_the_current_version_read_in_place(spark_
 def test_delta_tables_with_a_reader_feature_not_applied_are_refused_saying_what_to_do(
         tmp_path):
     from deltalake import write_deltalake
+
     from tests.delta_build import DeltaBuilder
     ids = np.arange(100)
     # column mapping and deletion vectors enabled as deltalake writes them: read in place

@@ -17,7 +17,6 @@ from tests.stacks import needs_petastorm
 @pytest.mark.timeout(120)
 def test_petastorm_reads_spark_parquet(spark_local, tmp_path):
     from petastorm.workers_pool import EmptyResultError
-
     from pyarrow import fs as pafs
 
     from sparkddl.data.petastorm_source import InlinePool, _open_reader

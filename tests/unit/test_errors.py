@@ -1,6 +1,10 @@
 from sparkddl.errors import RankFailure, TrainingFailedError
-from sparkddl.launch.monitor import (DIED_SILENTLY, failures_from_spark_error, ordered_failures,
-                                     unreported_failures)
+from sparkddl.launch.monitor import (
+    DIED_SILENTLY,
+    failures_from_spark_error,
+    ordered_failures,
+    unreported_failures,
+)
 
 
 def test_failure_message_lists_first_failure_first_with_tracebacks():

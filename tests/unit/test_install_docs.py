@@ -10,6 +10,7 @@ from packaging.requirements import Requirement
 
 from tests.docs_examples import ROOT
 
+
 def _setup() -> configparser.ConfigParser:
     cfg = configparser.ConfigParser(interpolation=None)
     cfg.read(ROOT / "setup.cfg", encoding="utf-8")

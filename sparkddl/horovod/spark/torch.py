@@ -24,8 +24,7 @@ from typing import Any, Callable
 from sparkddl.config import per_row_shape
 from sparkddl.errors import ConfigError
 from sparkddl.ml import TorchEstimator as _CoreEstimator
-from sparkddl.ml import TorchModel
-from sparkddl.ml import param_schema
+from sparkddl.ml import TorchModel, param_schema
 
 __all__ = ["TorchEstimator", "TorchModel", "translate", "RENAMED", "REFUSED", "NO_EFFECT"]
 

@@ -66,6 +66,7 @@ def estimator(store: str, **params):
 
 def session(master: str, name: str):
     import logging
+
     from pyspark.sql import SparkSession
 
     # sparkddl's warnings with wall-clock times, for benchmarks/host_loss.py

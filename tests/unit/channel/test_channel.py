@@ -8,8 +8,7 @@ import time
 
 import pytest
 
-from sparkddl.channel import DriverChannel, RankChannel
-from sparkddl.channel import protocol
+from sparkddl.channel import DriverChannel, RankChannel, protocol
 
 
 class Inbox:

@@ -6,10 +6,10 @@ import configparser
 import dataclasses
 import fnmatch
 import re
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 from sparkddl import cli
 from sparkddl.cli import preset

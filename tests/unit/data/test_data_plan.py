@@ -9,9 +9,9 @@ from pyarrow import fs as pafs
 
 from sparkddl.data.batching import Rebatcher, decode_arrow
 from sparkddl.data.plan import plan_shards, shard_pieces, shard_rows
-from sparkddl.tables.parquet import list_row_groups
 from sparkddl.data.schema import ColumnSpec, DataSpec, check_columns, column_spec
 from sparkddl.errors import DataError
+from sparkddl.tables.parquet import list_row_groups
 from tests.stacks import needs_petastorm
 
 COLS = (ColumnSpec("x", "feature", "scalar", "float32"),)
@@ -86,10 +86,11 @@ def test_fewer_rows_than_one_global_batch_is_a_data_error():
 
 @needs_petastorm
 def test_row_group_order_matches_petastorm(tmp_path):
+    import warnings
+
+    import pyarrow.parquet as legacy_pq
     from petastorm.etl import dataset_metadata
     from petastorm.fs_utils import get_filesystem_and_path_or_paths
-    import pyarrow.parquet as legacy_pq
-    import warnings
 
     for name, groups in [("b.parquet", 3), ("a.parquet", 2), ("c.parquet", 1)]:
         t = pa.table({"x": np.arange(groups * 10, dtype=np.float32) + ord(name[0]) * 1000})

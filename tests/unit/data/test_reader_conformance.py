@@ -17,13 +17,14 @@ import pytest
 import torch
 from pyarrow import fs as pafs
 
-from sparkddl.data import arrow_source, petastorm_source, reader as reader_module
+from sparkddl.data import arrow_source, petastorm_source
+from sparkddl.data import reader as reader_module
 from sparkddl.data.epoch_cache import drop_epoch_caches
 from sparkddl.data.plan import ShardPlan, plan_shards, resolve_reader
-from sparkddl.tables.parquet import list_row_groups
 from sparkddl.data.reader import epoch_batches
 from sparkddl.data.schema import ColumnSpec
 from sparkddl.errors import ConfigError, DataError
+from sparkddl.tables.parquet import list_row_groups
 from tests.stacks import needs_petastorm
 
 GROUP, FILES, GROUPS_PER_FILE = 32, 2, 8  # 512 rows in 16 row groups

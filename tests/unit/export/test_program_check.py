@@ -12,12 +12,20 @@ from typing import Any, Callable
 import pytest
 import torch
 
-from sparkddl.export import program as exported
 from sparkddl.errors import SparkDDLError, UntrustedArtifactError
+from sparkddl.export import program as exported
 from sparkddl.export.program_check import _is_size_expr, _is_treespec
-from tests.unit.export.program_models import (append, code, exported_model, first_input, graph_of,
-                                       load_as_read, put, root_call, tampered)
-
+from tests.unit.export.program_models import (
+    append,
+    code,
+    exported_model,
+    first_input,
+    graph_of,
+    load_as_read,
+    put,
+    root_call,
+    tampered,
+)
 
 LEAF = {"type": None, "context": None, "children_spec": []}
 # (what is tampered, the model, how, the field the error must name); p is the payload

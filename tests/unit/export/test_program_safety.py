@@ -15,14 +15,24 @@ import pandas as pd
 import pytest
 import torch
 
+from sparkddl.errors import SparkDDLError, UntrustedArtifactError
 from sparkddl.export import portable
 from sparkddl.export import program as exported
-from sparkddl.errors import SparkDDLError, UntrustedArtifactError
 from sparkddl.export.program_check import UntrustedProgramError
 from sparkddl.store import Store
-from tests.unit.export.program_models import (KINDS, Spec, code, exported_model, first_input,
-                                       graph_of, inputs_for, load_as_read, nn, put,
-                                       tampered)
+from tests.unit.export.program_models import (
+    KINDS,
+    Spec,
+    code,
+    exported_model,
+    first_input,
+    graph_of,
+    inputs_for,
+    load_as_read,
+    nn,
+    put,
+    tampered,
+)
 
 
 def test_the_payloads_run_when_torch_reads_the_file_as_it_is(tmp_path):

@@ -9,10 +9,16 @@ import torch
 
 import sparkddl.ml
 from sparkddl.errors import ConfigError
-from sparkddl.horovod.spark import (DBFSLocalStore, HDFSStore, LocalStore, Store,
-                                    TorchEstimator, TorchModel)
-from sparkddl.horovod.spark import torch as facade
 from sparkddl.fit.checks import check_sample
+from sparkddl.horovod.spark import (
+    DBFSLocalStore,
+    HDFSStore,
+    LocalStore,
+    Store,
+    TorchEstimator,
+    TorchModel,
+)
+from sparkddl.horovod.spark import torch as facade
 from sparkddl.train.steps import loss_fn
 
 # Horovod's keywords with a value that means something (not its default None)

@@ -125,8 +125,12 @@ def test_the_generated_params_are_typed_like_pyspark_s_own():
 def test_pyspark_s_own_params_come_from_its_mixins():
     """predictionCol, probabilityCol, rawPredictionCol and seed are pyspark's shared Params,
     so pyspark's tooling recognizes them; the defaults stay sparkddl's."""
-    from pyspark.ml.param.shared import (HasPredictionCol, HasProbabilityCol,
-                                         HasRawPredictionCol, HasSeed)
+    from pyspark.ml.param.shared import (
+        HasPredictionCol,
+        HasProbabilityCol,
+        HasRawPredictionCol,
+        HasSeed,
+    )
 
     from sparkddl import TorchModel
     est, model = _estimator(), TorchModel()

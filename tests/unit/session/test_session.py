@@ -7,8 +7,12 @@ import os
 import pytest
 
 from sparkddl.session import ConnectContext, is_connect
-from sparkddl.session.masters import (local_cluster, master_slots, missing_module,
-                                      missing_module_reason)
+from sparkddl.session.masters import (
+    local_cluster,
+    master_slots,
+    missing_module,
+    missing_module_reason,
+)
 
 
 class _Conf:

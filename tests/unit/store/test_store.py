@@ -156,8 +156,9 @@ def test_a_store_path_is_the_folder_as_named_whatever_its_characters(tmp_path, n
 
 @pytest.mark.parametrize("name", ["a b", "100%", "a%20b", "run#1", "run?x=1", "café"])
 def test_spark_uris_are_decoded_once(tmp_path, name):
-    from sparkddl.store import decode_hadoop_uri
     from urllib.parse import quote
+
+    from sparkddl.store import decode_hadoop_uri
     path = str(tmp_path / name / "part-0.parquet")
     assert decode_hadoop_uri("file:" + quote(path)) == "file:" + path
     assert Store.from_uri(decode_hadoop_uri("file:" + quote(path))).fs_path(

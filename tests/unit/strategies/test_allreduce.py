@@ -12,9 +12,16 @@ from torch import nn
 
 from sparkddl import strategies
 from tests.unit.dist_harness import run_ranks
-from tests.unit.strategies.harness import (COMPRESSIONS, SPAWN_TIMEOUT_S, TEST_TIMEOUT_S, _fit,
-                                           _flat, _mlp, _regression, _run)
-
+from tests.unit.strategies.harness import (
+    COMPRESSIONS,
+    SPAWN_TIMEOUT_S,
+    TEST_TIMEOUT_S,
+    _fit,
+    _flat,
+    _mlp,
+    _regression,
+    _run,
+)
 
 # ---- rank functions (one spawn each) ----
 

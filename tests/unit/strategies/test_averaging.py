@@ -9,7 +9,6 @@ from sparkddl.strategies.gossip import peer_offsets
 from tests.unit.dist_harness import run_ranks
 from tests.unit.strategies.harness import SPAWN_TIMEOUT_S, TEST_TIMEOUT_S, _flat, _mlp, _run
 
-
 # ---- rank functions (one spawn each) ----
 
 

@@ -58,8 +58,7 @@ def test_fast_top_k_finds_the_same_entries_as_topk():
 
 
 def test_sign_encoding_in_chunks_and_whole_agree_with_the_definition():
-    from sparkddl.strategies.kernels import (CHUNK, sign_and_mean_magnitude,
-                                                 subtract_signed)
+    from sparkddl.strategies.kernels import CHUNK, sign_and_mean_magnitude, subtract_signed
     x = torch.randn(3 * CHUNK + 5)  # chunks and a short tail
     x[7] = -0.0
     for dtype in (torch.float32, torch.float64, torch.float16, torch.bfloat16):  # numpy's

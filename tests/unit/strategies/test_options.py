@@ -7,7 +7,6 @@ import pytest
 from sparkddl import strategies
 from sparkddl.errors import ConfigError
 
-
 # ---- configuration errors (no processes) ----
 
 def test_unknown_strategy_lists_the_valid_ones():

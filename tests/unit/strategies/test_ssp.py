@@ -12,7 +12,6 @@ from sparkddl.strategies.ssp_wire import store_queue_problem
 from tests.unit.dist_harness import run_ranks
 from tests.unit.strategies.harness import SPAWN_TIMEOUT_S, TEST_TIMEOUT_S, _run
 
-
 # ---- rank functions (one spawn each) ----
 
 
@@ -186,8 +185,15 @@ def test_ssp_messages_are_raw_bytes_and_carry_server_errors():
     from torch.distributed import TCPStore
 
     from sparkddl.errors import SparkDDLError
-    from sparkddl.strategies.ssp_wire import (CHUNK_BYTES, answer_key, decode_pull,
-                                              encode_pull, pack, put_chunks, unpack)
+    from sparkddl.strategies.ssp_wire import (
+        CHUNK_BYTES,
+        answer_key,
+        decode_pull,
+        encode_pull,
+        pack,
+        put_chunks,
+        unpack,
+    )
 
     store = TCPStore("127.0.0.1", 0, 1, is_master=True, wait_for_workers=False,
                      timeout=timedelta(seconds=10))

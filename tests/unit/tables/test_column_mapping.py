@@ -8,10 +8,10 @@ import pytest
 
 from sparkddl.data import DataSpec
 from sparkddl.data.arrow_source import read_sub_shard
-from sparkddl.tables.delta import delta_table
 from sparkddl.data.local import read_rows
 from sparkddl.data.source import prepare_parquet, prepare_table
 from sparkddl.errors import DataError
+from sparkddl.tables.delta import delta_table
 from tests.delta_build import DeltaBuilder
 from tests.unit.tables.test_masks import oracle, table_of
 

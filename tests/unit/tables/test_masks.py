@@ -12,10 +12,10 @@ import pytest
 
 from sparkddl.data import DataSpec
 from sparkddl.data.arrow_source import read_sub_shard
-from sparkddl.tables.roaring import decode, z85_decode
 from sparkddl.data.local import batches, read_rows
 from sparkddl.data.source import prepare_parquet, prepare_table
 from sparkddl.errors import DataError
+from sparkddl.tables.roaring import decode, z85_decode
 from tests.delta_build import DeltaBuilder, serialize, z85_encode
 
 SPEC = DataSpec.of(["x"], ["label"])
@@ -218,6 +218,7 @@ def test_array_widths_are_measured_on_rows_that_are_not_deleted(tmp_path):
 
 def test_decoded_bitmaps_are_shared_by_reader_threads(tmp_path):
     import threading
+
     from sparkddl.tables.masks import RowMasks, descriptor
     vectors = {f"f{i}": descriptor({"storageType": "i", "pathOrInlineDv":
                                     z85_encode(serialize([i, i + 1])), "sizeInBytes":

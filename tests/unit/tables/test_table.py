@@ -7,9 +7,9 @@ import pickle
 import pyarrow as pa
 import pytest
 
+from sparkddl.errors import DataError
 from sparkddl.tables.hive import hive_table, hive_values, infer_type, partition_names
 from sparkddl.tables.table import Table
-from sparkddl.errors import DataError
 
 
 def test_hive_folders_give_partition_values_below_the_root():

@@ -7,8 +7,12 @@ import warnings
 
 import pytest
 
-from sparkddl.task.frameworks import (GroupWatch, UnsyncedTrainingWarning, restored_environ,
-                                      warn_unsynced)
+from sparkddl.task.frameworks import (
+    GroupWatch,
+    UnsyncedTrainingWarning,
+    restored_environ,
+    warn_unsynced,
+)
 
 
 @pytest.mark.parametrize("world, groups, warns", [

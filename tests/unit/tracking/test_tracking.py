@@ -16,12 +16,12 @@ import torch
 
 mlflow = pytest.importorskip("mlflow")  # pinned in all three tested stacks
 
-from sparkddl.export import program as exported  # noqa: E402
+from sparkddl import tracking  # noqa: E402
 from sparkddl.errors import ConfigError  # noqa: E402
+from sparkddl.export import program as exported  # noqa: E402
+from sparkddl.fit.restarts import Restart  # noqa: E402
 from sparkddl.ml.model import TorchModel  # noqa: E402
 from sparkddl.problems import Problem  # noqa: E402
-from sparkddl.fit.restarts import Restart  # noqa: E402
-from sparkddl import tracking  # noqa: E402
 from tests.unit.export.test_program import Branchy  # noqa: E402
 
 SPECS = (exported.InputSpec("features", (6,), "float32"),)
@@ -283,8 +283,15 @@ def test_the_logged_models_predict_as_transform_where_sparkddl_is_absent_for_eac
 
 def test_the_signature_follows_the_dataframe_schema():
     from pyspark.ml.linalg import VectorUDT
-    from pyspark.sql.types import (ArrayType, DoubleType, FloatType, IntegerType, LongType,
-                                   StructField, StructType)
+    from pyspark.sql.types import (
+        ArrayType,
+        DoubleType,
+        FloatType,
+        IntegerType,
+        LongType,
+        StructField,
+        StructType,
+    )
     model = _model()
     model.input_specs = tuple(exported.InputSpec(n, s, "float32") for n, s in
                               (("a", (3,)), ("b", (3,)), ("c", ()), ("d", ()), ("v", (2,))))

@@ -7,8 +7,14 @@ import torch
 from sparkddl.errors import ConfigError
 from sparkddl.fit.callbacks import Callbacks
 from sparkddl.strategies.base import Strategy
-from sparkddl.train.optimization import (OptimizerStep, autocast, check_scheduler,
-                                         optimizer_steps, scaler, scheduler_recipe)
+from sparkddl.train.optimization import (
+    OptimizerStep,
+    autocast,
+    check_scheduler,
+    optimizer_steps,
+    scaler,
+    scheduler_recipe,
+)
 from sparkddl.train.steps import LossFn, loss_fn
 from tests.stacks import needs_gpu
 
