@@ -87,5 +87,11 @@ def _rank_main(fn: Callable[..., Any], rank: int, world_size: int, port: int,
     except BaseException:  # noqa: BLE001 - reported to the parent, which fails the test
         results.put((rank, False, traceback.format_exc()))
     finally:
+        # the outcome reaches the parent before the group is torn down: the queue's feeder
+        # thread writes it to the pipe, and a destroy_process_group that blocks holding the
+        # GIL (seen once in about 50 runs on torch 2.6: the parent waited for rank 0's result
+        # until its timeout) would keep it from ever running
+        results.close()
+        results.join_thread()
         if dist.is_initialized():
             dist.destroy_process_group()
