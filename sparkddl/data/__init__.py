@@ -1,5 +1,5 @@
 """Data plane: DataFrames or Parquet -> per-rank fixed-size tensor batches, read through
-Petastorm or pyarrow alone (:func:`sparkddl.data.plan.resolve_reader` picks)."""
+Petastorm or pyarrow alone (:func:`sparkddl.data.choice.resolve_reader` picks)."""
 from __future__ import annotations
 
 import logging

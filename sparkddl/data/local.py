@@ -8,10 +8,10 @@ import numpy as np
 
 from sparkddl.data.batching import Chunk, decode_arrow
 from sparkddl.data.dataset import Dataset
-from sparkddl.data.plan import Piece, check_unchanged, shard_pieces
+from sparkddl.data.plan import Piece, shard_pieces
 from sparkddl.data.split import select_rows
 from sparkddl.store import Store
-from sparkddl.tables.parquet import RowGroup, list_row_groups, parquet_file
+from sparkddl.tables.parquet import RowGroup, check_unchanged, list_row_groups, parquet_file
 
 STREAM_ROWS = 65_536  # rows decoded at once on the driver
 READ_BUFFER = 1 << 20  # bytes read ahead from a file: pages, not whole column chunks

@@ -22,11 +22,12 @@ import numpy as np
 from sparkddl.config import POOL_TYPES
 from sparkddl.data import arrow_source, petastorm_source
 from sparkddl.data.batching import Chunk, Rebatcher, decode_arrow, to_tensors
+from sparkddl.data.choice import resolve_reader
 from sparkddl.data.epoch_cache import epoch_cache
-from sparkddl.data.plan import ShardPlan, check_unchanged, piece_order, resolve_reader
+from sparkddl.data.plan import ShardPlan, piece_order
 from sparkddl.data.transform import Shapes, ahead
 from sparkddl.errors import DataError
-from sparkddl.tables.parquet import read_errors, unreadable
+from sparkddl.tables.parquet import check_unchanged, read_errors, unreadable
 
 log = logging.getLogger(__name__)
 

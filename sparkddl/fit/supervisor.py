@@ -17,7 +17,7 @@ from sparkddl.channel import messages as m
 from sparkddl.channel.server import Message
 from sparkddl.config import TrainConfig
 from sparkddl.data import PreparedData
-from sparkddl.data.plan import reader_modules
+from sparkddl.data.choice import reader_modules
 from sparkddl.errors import (
     CheckpointError,
     ConfigError,

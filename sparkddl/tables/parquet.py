@@ -109,3 +109,22 @@ def _is_data(root: str, path: str) -> bool:
     *folders, name = posixpath.relpath(path, root).split("/")
     return not (name.startswith(("_", ".")) or name.endswith((".crc", "_$folder$")) or
                 any(f.startswith(("_", ".")) and "=" not in f for f in folders))
+
+
+def check_unchanged(filesystem: Any, root: str, files: tuple[tuple[str, int, int], ...],
+                    where: str, table: Table | None = None) -> None:
+    """DataError naming the data files of the table (of the folder ``root`` where none is
+    given) that differ from ``files``, the (path, size, mtime_ns) recorded when the data was
+    planned."""
+    now = {f.path: (f.size, f.mtime_ns) for f in data_files(filesystem, table or root)}
+    then = {path: (size, mtime) for path, size, mtime in files}
+    changed = sorted(p for p in then.keys() & now.keys() if then[p] != now[p])
+    gone, added = sorted(then.keys() - now.keys()), sorted(now.keys() - then.keys())
+    if changed or gone or added:
+        what = "; ".join(f"{label}: {', '.join(paths[:3])}" + (f" and {len(paths) - 3} more"
+                                                               if len(paths) > 3 else "")
+                         for label, paths in (("rewritten", changed), ("removed", gone),
+                                              ("added", added)) if paths)
+        raise DataError(f"{where}: the Parquet table at {root} changed after the fit planned it "
+                        f"({what}); a table must not be written while it is trained on. Train on "
+                        "a fixed version (a snapshot or copy), or start the fit again")

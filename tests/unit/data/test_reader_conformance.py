@@ -19,8 +19,9 @@ from pyarrow import fs as pafs
 
 from sparkddl.data import arrow_source, petastorm_source
 from sparkddl.data import reader as reader_module
+from sparkddl.data.choice import resolve_reader
 from sparkddl.data.epoch_cache import drop_epoch_caches
-from sparkddl.data.plan import ShardPlan, plan_shards, resolve_reader
+from sparkddl.data.plan import ShardPlan, plan_shards
 from sparkddl.data.reader import epoch_batches
 from sparkddl.data.schema import ColumnSpec
 from sparkddl.errors import ConfigError, DataError
@@ -210,7 +211,7 @@ def test_asking_for_petastorm_where_it_cannot_load_says_why_and_how_to_fix(no_pe
 
 
 def test_auto_reads_through_arrow_without_petastorm(no_petastorm, dataset, caplog):
-    with caplog.at_level(logging.DEBUG, logger="sparkddl.data.plan"):
+    with caplog.at_level(logging.DEBUG, logger="sparkddl.data.choice"):
         plan = _plan(dataset, reader="auto")
         ids = _ids(plan, 0, 0)  # importing Petastorm anywhere on this path would fail
     assert len(ids) == 256
@@ -224,7 +225,7 @@ def test_auto_reads_through_arrow_without_petastorm(no_petastorm, dataset, caplo
 
 @needs_petastorm
 def test_auto_prefers_petastorm_where_it_loads(caplog):
-    with caplog.at_level(logging.DEBUG, logger="sparkddl.data.plan"):
+    with caplog.at_level(logging.DEBUG, logger="sparkddl.data.choice"):
         assert resolve_reader("auto") == "petastorm"
     assert "driver: using the petastorm reader: reader='auto' and Petastorm loads here" \
         in caplog.text

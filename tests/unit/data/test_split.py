@@ -8,12 +8,12 @@ import pyarrow.parquet as pq
 import pytest
 
 from sparkddl.data.local import batches, read_rows
-from sparkddl.data.plan import check_unchanged
 from sparkddl.data.schema import DataSpec
 from sparkddl.data.source import prepare_table
 from sparkddl.data.split import Selection, fraction_rows
 from sparkddl.errors import DataError
 from sparkddl.store import Store
+from sparkddl.tables.parquet import check_unchanged
 
 
 def table_dir(tmp_path, files: int = 3, rows: int = 900, group: int = 100) -> str:

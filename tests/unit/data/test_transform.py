@@ -98,7 +98,7 @@ def test_raw_columns_need_a_transform_and_are_stored_and_read_as_they_are():
 
 
 def test_review_fixes_null_elements_reader_choice_and_saved_functions():
-    from sparkddl.data.plan import resolve_reader
+    from sparkddl.data.choice import resolve_reader
     from sparkddl.errors import ConfigError, SparkDDLError
     from sparkddl.ml.architecture import rebuild_function
     from sparkddl.ml.inference import raw_column

@@ -5,8 +5,9 @@ from __future__ import annotations
 import dataclasses
 import sys
 
+from sparkddl.data.choice import reader_modules
 from sparkddl.data.petastorm_check import MODULES
-from sparkddl.data.plan import plan_shards, reader_modules
+from sparkddl.data.plan import plan_shards
 from sparkddl.data.schema import ColumnSpec
 from sparkddl.task.warm import warm_imports
 
