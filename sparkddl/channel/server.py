@@ -22,6 +22,11 @@ CLOSE_JOIN_S = 2.0
 # flood of idle connections holds a bounded number of threads and sockets, and a rank that
 # connects during one still gets its handshake (a rank's takes milliseconds)
 MAX_PENDING = 64
+# threads in a handshake, the dropped strangers' included until they have ended: the accept
+# loop waits (up to HANDSHAKE_SLOT_WAIT_S) for one to end before it starts another, so a flood
+# holds a bounded number of threads however slowly a loaded host runs the dropped ones out
+MAX_HANDSHAKES = 2 * MAX_PENDING
+HANDSHAKE_SLOT_WAIT_S = 2.0
 ACCEPT_RETRY_S = 0.05
 REJECTIONS_LOGGED = 10  # then one line per 1,000
 # a rank's last words (faulthandler's stacks of every thread): at most this much is kept
@@ -88,6 +93,7 @@ class DriverChannel:
         # rank -> its last-words connection, and an event set once that has been handled
         self._last_words: dict[int, tuple[_Connection, threading.Event]] = {}
         self._threads: list[threading.Thread] = []
+        self._handshakes = threading.BoundedSemaphore(MAX_HANDSHAKES)
         self._lock = threading.Lock()
         self._closed = threading.Event()
         self.rejected = 0
@@ -161,7 +167,9 @@ class DriverChannel:
                 oldest, _ = self._pending.popitem(last=False)
                 _drop(oldest.sock)  # its thread ends with a rejected handshake
             self._pending[conn] = None
-        thread = threading.Thread(target=self._serve, args=(conn,), daemon=True,
+        # a slot for its handshake: past the wait (threads that do not end), it goes on anyway
+        slot = self._handshakes.acquire(timeout=HANDSHAKE_SLOT_WAIT_S)
+        thread = threading.Thread(target=self._serve, args=(conn, slot), daemon=True,
                                   name=f"sparkddl-channel-{conn.peer}")
         with self._lock:
             self._threads = [t for t in self._threads if t.is_alive()] + [thread]
@@ -170,6 +178,8 @@ class DriverChannel:
         except BaseException:
             with self._lock:
                 self._pending.pop(conn, None)
+            if slot:
+                self._handshakes.release()
             raise
 
     def _evict_oldest(self) -> None:
@@ -179,7 +189,7 @@ class DriverChannel:
             oldest, _ = self._pending.popitem(last=False)
         _drop(oldest.sock)
 
-    def _serve(self, conn: _Connection) -> None:
+    def _serve(self, conn: _Connection, slot: bool = False) -> None:
         try:
             conn.sock.settimeout(HANDSHAKE_TIMEOUT_S)
             protocol.server_handshake(conn.sock, self.secret)
@@ -194,6 +204,8 @@ class DriverChannel:
         finally:
             with self._lock:
                 self._pending.pop(conn, None)
+            if slot:
+                self._handshakes.release()
         if header.get("role") == LAST_WORDS:
             self._hear_last_words(conn, str(header.get("host", "")))
             return

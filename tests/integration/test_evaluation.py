@@ -79,7 +79,7 @@ def test_a_spark_job_beside_the_fit_gives_the_driver_s_metrics(digits, tmp_path,
     monkeypatch.setattr(cluster_eval, "free_slots", lambda sc, n: 3)
     monkeypatch.setattr(evaluation.SnapshotEvaluator, "_evaluate",
                         lambda self, state: pytest.fail("the driver evaluated a snapshot"))
-    with caplog.at_level(logging.INFO, logger="sparkddl.launch"):
+    with caplog.at_level(logging.INFO, logger="sparkddl"):
         on_cluster = _fit(digits, tmp_path / "cluster", evaluation="cluster", numWorkers=1)
     assert "each snapshot by a Spark job of 3 task(s) beside the fit" in caplog.text
     assert_same_evaluation(on_driver, on_cluster)
