@@ -127,6 +127,21 @@ def udf_function(payload_bc: Any, features: list[str], kind: str, batch_rows: in
     return predict
 
 
+def task_device(device: str, trained_on_gpu: bool) -> tuple[str, int]:
+    """Where this task runs the model (:func:`resolve_device` with the task's GPUs) and how
+    many torch threads it uses (the task's CPUs; every core outside a task)."""
+    import torch
+    from pyspark import TaskContext
+
+    from sparkddl.task.dist import visible_at_cuda_init
+    ctx = TaskContext.get()
+    gpus = list(ctx.resources()["gpu"].addresses) if ctx is not None and \
+        "gpu" in ctx.resources() else []
+    where = resolve_device(device, trained_on_gpu, torch.cuda.is_available(), gpus,
+                           visible_at_cuda_init())
+    return where, max(1, int(ctx.cpus())) if ctx is not None else torch.get_num_threads()
+
+
 def predict_batches(payload_bc: Any, features: list[str], kind: str, batch_rows: int,
                     shapes: dict[str, list[int]], frames: Iterator[Any], device: str = "cpu",
                     trained_on_gpu: bool = False) -> Iterator[Any]:

@@ -14,6 +14,7 @@ from sparkddl.ml import architecture
 from sparkddl.ml.generated_params import HasTorchModelParams
 from sparkddl.ml.inference import ModelPayload, check_device, exported_eval, udf_function
 from sparkddl.ml.persistence import ModelReader, ModelWriter
+from sparkddl.ml.scoring import PREDICTION, PROBABILITY, RAW, column_udfs, return_types, scorer
 from sparkddl.problems import Problem
 from sparkddl.session import cluster_context
 
@@ -111,7 +112,7 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
 
     # ---- transform ----
     def _transform(self, dataset: Any) -> Any:
-        from pyspark.ml.functions import array_to_vector, vector_to_array
+        from pyspark.ml.functions import vector_to_array
         from pyspark.sql import functions as F
         from pyspark.sql.functions import pandas_udf
 
@@ -145,21 +146,64 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
                 col = col.cast("float")
             inputs.append(col.alias(name))
         # a broadcast; on Spark Connect, which has none, the weights travel inside the UDF
-        payload = cluster_context(dataset.sparkSession).ship(self._payload())
-        shapes = {} if self._transform_fn is not None else self._feature_shapes(features)
-        fn = udf_function(payload, features, self.task,
-                          self.getOrDefault(self.inferenceBatchSize), shapes,
-                          self.getOrDefault(self.inferenceDevice), self.trained_on_gpu)
+        context = cluster_context(dataset.sparkSession)
+        payload = context.ship(self._payload())
+        fields = self._output_fields()
+        device = self.getOrDefault(self.inferenceDevice)
+        if self._transform_fn is None:  # one UDF per output column, Arrow where it can be
+            score = scorer(payload, features, self.task, rows, self._feature_shapes(features),
+                           device, self.trained_on_gpu, context.arrow_udfs)
+            spark_types = return_types(self.task, self.output_width)
+            udfs = column_udfs(score, {f: spark_types[f] for f in fields}, context.arrow_udfs)
+            return dataset.withColumns({name: _as_vector(field, udfs[field](*inputs))
+                                        for field, name in fields.items()})
+        fn = udf_function(payload, features, self.task, rows, {}, device, self.trained_on_gpu)
         udf = pandas_udf(fn, returnType=self._output_schema())  # type: ignore[call-overload]
         tmp = "__sparkddl_out"
         out = dataset.withColumn(tmp, udf(F.struct(*inputs)))
-        out = out.withColumn(self.getOrDefault(self.predictionCol), F.col(f"{tmp}.prediction"))
+        return out.withColumns({name: _as_vector(field, F.col(f"{tmp}.{field}"))
+                                for field, name in fields.items()}).drop(tmp)
+
+    def udf(self, output: str = PREDICTION, spark: Any = None) -> Any:
+        """A Spark UDF of one of the model's outputs, taking its feature columns (arrays or
+        numbers, in the model's input order) as arguments: for SQL
+        (``spark.udf.register("score", model.udf())``, then ``SELECT score(features) FROM
+        t``), ``selectExpr`` and Structured Streaming's ``foreachBatch``. ``output`` is
+        ``prediction``, or for classifiers ``probability`` or ``raw`` (arrays of doubles).
+        It runs as ``transform`` runs: the model built once per Python worker, Arrow UDFs on
+        Spark 4.1 and later; models with a ``transformFn`` have no UDF (use ``transform``)."""
+        from pyspark.sql import SparkSession
+
+        spark_types = return_types(self.task, self.output_width)
+        if output not in spark_types:
+            raise ConfigError(f"output={output!r}: this {self.task} model gives "
+                              f"{', '.join(spark_types)}")
+        if self._transform_fn is not None:
+            raise ConfigError("this model reads its columns through a transformFn, which a "
+                              "UDF of numeric columns cannot run: use transform(df)")
+        if self._factory is None and self._program is None:
+            raise ConfigError("this TorchModel has no model to run: get one from "
+                              "TorchEstimator.fit or TorchModel.load")
+        session = spark or SparkSession.getActiveSession()
+        if session is None:
+            raise ConfigError("udf() needs a Spark session: start one, or pass spark=")
+        context = cluster_context(session)
+        features = self._features()
+        score = scorer(context.ship(self._payload()), features, self.task,
+                       self.getOrDefault(self.inferenceBatchSize),
+                       self._feature_shapes(features), self.getOrDefault(self.inferenceDevice),
+                       self.trained_on_gpu, context.arrow_udfs)
+        return column_udfs(score, {output: spark_types[output]}, context.arrow_udfs)[output]
+
+    def _output_fields(self) -> dict[str, str]:
+        """The output fields transform computes and their columns: the prediction, and for
+        classifiers the probability and raw prediction where their columns are set (an empty
+        ``probabilityCol`` or ``rawPredictionCol`` is not computed, as in pyspark.ml)."""
+        fields = {PREDICTION: self.getOrDefault(self.predictionCol)}
         if Problem(self.task).is_classifier:
-            out = out.withColumn(self.getOrDefault(self.probabilityCol),
-                                 array_to_vector(F.col(f"{tmp}.probability")))
-            out = out.withColumn(self.getOrDefault(self.rawPredictionCol),
-                                 array_to_vector(F.col(f"{tmp}.raw")))
-        return out.drop(tmp)
+            fields[PROBABILITY] = self.getOrDefault(self.probabilityCol)
+            fields[RAW] = self.getOrDefault(self.rawPredictionCol)
+        return {field: name for field, name in fields.items() if name}
 
     def _feature_shapes(self, features: list[str]) -> dict[str, list[int]]:
         """Each feature's per-row shape: declared (featureShapes), else as trained, so that
@@ -234,6 +278,12 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
         that = super().copy(extra)
         that.history = list(self.history)
         return that
+
+
+def _as_vector(field: str, col: Any) -> Any:
+    """A classifier's probability and raw prediction as ML Vectors, as pyspark.ml gives them."""
+    from pyspark.ml.functions import array_to_vector
+    return array_to_vector(col) if field in (PROBABILITY, RAW) else col
 
 
 def _plain(value: Any) -> Any:

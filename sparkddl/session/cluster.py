@@ -18,6 +18,8 @@ ask instead of testing which kind they hold:
 - ``ship(value)``: a value for executors to read (a broadcast, or carried inline);
 - ``partitions(df)``: a DataFrame's partition count, if the client can tell;
 - ``driver_gpus()``: the GPUs Spark gave the driver, or None (a Connect client: none here);
+- ``arrow_udfs``: whether UDFs may take and give Arrow arrays (``arrow_udf``: Spark 4.1 on
+  both sides; pandas UDFs otherwise);
 - ``has_jvm``: pyspark's JVM-backed helpers (Hadoop paths, MLWriter's overwrite) work here.
 """
 from __future__ import annotations
@@ -39,6 +41,16 @@ class Inline:
 
 
 _GROUP_KEYS = ("spark.jobGroup.id", "spark.job.description", "spark.job.interruptOnCancel")
+
+
+def at_least(version: str, wanted: tuple[int, int]) -> bool:
+    """Whether a Spark ``version`` ("4.1.1", "4.2.0-preview") is ``wanted`` (major, minor) or
+    later."""
+    parts = []
+    for piece in version.split(".")[:2]:
+        digits = "".join(c for c in piece if c.isdigit()) or "0"
+        parts.append(int(digits))
+    return tuple(parts) >= wanted
 
 
 def visible_indices(addresses: list[str]) -> list[str]:
@@ -81,6 +93,12 @@ class ClassicContext:
 
     def named_slots(self) -> int | None:
         return master_slots(self.sc.master)
+
+    @property
+    def arrow_udfs(self) -> bool:
+        """pyspark's ``arrow_udf`` (Spark 4.1): the JVM here is pyspark's own release."""
+        import pyspark.sql.functions as functions
+        return hasattr(functions, "arrow_udf") and at_least(self.sc.version, (4, 1))
 
     def driver_gpus(self) -> list[str] | None:
         """The GPUs Spark gave the driver (``spark.driver.resource.gpu.*``), as the CUDA

@@ -19,7 +19,7 @@ import socket
 from typing import Any, Iterable, Iterator
 
 from sparkddl.errors import ClusterError
-from sparkddl.session.cluster import ClassicContext, Inline
+from sparkddl.session.cluster import ClassicContext, Inline, at_least
 from sparkddl.session.masters import master_slots, missing_module, missing_module_reason
 
 REACHABLE_KEY = "spark.sparkddl.channel.reachable"  # "false": do not even try
@@ -68,6 +68,12 @@ class ConnectContext:
 
     def replace_executor(self, executor: str) -> bool:
         return False  # no SparkContext to ask
+
+    @property
+    def arrow_udfs(self) -> bool:
+        """The client's ``arrow_udf`` and a server of Spark 4.1 or later to run it."""
+        import pyspark.sql.functions as functions
+        return hasattr(functions, "arrow_udf") and at_least(self.spark.version, (4, 1))
 
     def driver_gpus(self) -> list[str] | None:
         return None  # the server's driver is not this process: torch counts this host's

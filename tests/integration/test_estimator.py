@@ -177,6 +177,23 @@ def test_train_validation_split_and_custom_output_columns(digits, tmp_path):
     assert {"digit", "p", "logits"} <= set(out.columns)
     assert not {"prediction", "probability", "rawPrediction"} & set(out.columns)
     assert evaluator.evaluate(out) > 0.8
+    digits_out = [r.digit for r in out.select("digit").collect()]
+    # an empty output column is not computed, as in pyspark.ml; the prediction is the same
+    lean = best.copy({best.probabilityCol: "", best.rawPredictionCol: ""}).transform(test)
+    assert not {"p", "logits"} & set(lean.columns)
+    assert [r.digit for r in lean.select("digit").collect()] == digits_out
+    # the model as a SQL function gives the same predictions, and its probabilities as arrays
+    spark = test.sparkSession
+    spark.udf.register("digit_of", best.udf())
+    spark.udf.register("digit_p", best.udf("probability"))
+    test.createOrReplaceTempView("held_out")
+    rows = spark.sql("SELECT digit_of(features) AS d, digit_p(features) AS p "
+                     "FROM held_out").collect()
+    assert [r.d for r in rows] == digits_out
+    assert all(abs(sum(r.p) - 1) < 1e-6 and max(range(10), key=r.p.__getitem__) == r.d
+               for r in rows)
+    with pytest.raises(ConfigError, match="output='logits'"):
+        best.udf("logits")
 
 
 def shifted_regression(spark):

@@ -1,0 +1,203 @@
+"""Batch inference: ``TorchModel.transform`` against pyspark's ``predict_batch_udf`` and a
+hand-written pandas UDF, on the same table and model, in one run.
+
+The setting of issue 57: a Parquet table written by Spark (1,000,000 rows, ``features``
+``array<float>`` of 64, 8 files), an MLP 64 -> 256 -> 256 -> 4 from ``TorchEstimator.fit``,
+``local[2]``. Each path scores the table and writes to Spark's ``noop`` sink; one warm-up
+pass, then the median of ``--passes``. The paths:
+
+  - ``transform(df).select("prediction")`` and ``transform(df)`` whole (every column);
+  - ``pyspark.ml.functions.predict_batch_udf`` (batch 1,024; its ``make_predict_fn`` builds
+    the module from the fitted weights once per Python worker, as pyspark caches it);
+  - a hand-written scalar-iterator ``pandas_udf`` with the module cached per worker.
+
+Every path's predictions agree on a sample of ``--check`` rows (by id). Also reported: the
+bytes of the model each path ships, and the peak resident memory of Spark's Python workers
+(VmHWM of the ``pyspark.daemon``/``pyspark.worker`` processes when the run ends).
+"""
+from __future__ import annotations
+
+import argparse
+import io
+import statistics
+import sys
+import tempfile
+from pathlib import Path
+from typing import Iterator
+
+import pandas as pd  # module level: pandas_udf reads the hand-written UDF's type hints
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import local_spark, timed, write_results
+
+D, HIDDEN, CLASSES = 64, 256, 4
+
+
+def mlp():
+    import torch
+    return torch.nn.Sequential(torch.nn.Linear(D, HIDDEN), torch.nn.ReLU(),
+                               torch.nn.Linear(HIDDEN, HIDDEN), torch.nn.ReLU(),
+                               torch.nn.Linear(HIDDEN, CLASSES))
+
+
+def write_table(spark, rows: int, path: str, files: int = 8) -> None:
+    from pyspark.sql import functions as F
+    (spark.range(rows, numPartitions=files)
+     .select("id", F.array(*[F.rand(i).cast("float") for i in range(D)]).alias("features"),
+             (F.col("id") % CLASSES).cast("int").alias("label"))
+     .write.parquet(path))
+
+
+def fitted(spark, path: str, store: str):
+    """A TorchModel of the MLP, trained one epoch on 20,000 rows of the table."""
+    import torch
+
+    from sparkddl import TorchEstimator
+    est = TorchEstimator(model=mlp(), optimizer=lambda p: torch.optim.Adam(p, lr=1e-3),
+                         loss=torch.nn.CrossEntropyLoss(), featuresCol="features",
+                         labelCol="label", batchSize=256, epochs=1, numWorkers=1,
+                         store=store, progress=False)
+    return est.fit(spark.read.parquet(path).limit(20_000))
+
+
+def state_bytes(model) -> bytes:
+    import torch
+    buf = io.BytesIO()
+    torch.save(model.state_dict(), buf)
+    return buf.getvalue()
+
+
+_cached: dict = {}  # the hand-written UDF's module, per Python worker
+
+
+def hand_udf(weights: bytes):
+    import numpy as np
+    from pyspark.sql.functions import pandas_udf
+
+    @pandas_udf("double")  # type: ignore[call-overload]
+    def predict(batches: Iterator[pd.Series]) -> Iterator[pd.Series]:
+        import torch
+        if "m" not in _cached:
+            m = mlp()
+            m.load_state_dict(torch.load(io.BytesIO(weights), weights_only=True))
+            _cached["m"] = m.eval()
+        m = _cached["m"]
+        for s in batches:
+            x = torch.from_numpy(np.stack(s.to_numpy()).astype(np.float32, copy=False))
+            with torch.inference_mode():
+                yield pd.Series(m(x).argmax(-1).double().numpy())
+    return predict
+
+
+def batch_udf(weights: bytes):
+    from pyspark.ml.functions import predict_batch_udf
+    from pyspark.sql.types import DoubleType
+
+    def make_predict_fn():
+        import torch
+        m = mlp()
+        m.load_state_dict(torch.load(io.BytesIO(weights), weights_only=True))
+        m.eval()
+
+        def predict(inputs):
+            with torch.inference_mode():
+                return m(torch.from_numpy(inputs)).argmax(-1).double().numpy()
+        return predict
+    return predict_batch_udf(make_predict_fn, return_type=DoubleType(), batch_size=1024,
+                             input_tensor_shapes=[[D]])
+
+
+def worker_peak_mb() -> float:
+    """The largest VmHWM of Spark's Python workers now alive (MB)."""
+    peak = 0
+    for status in Path("/proc").glob("[0-9]*/status"):
+        try:
+            cmd = (status.parent / "cmdline").read_bytes()
+            if b"pyspark.daemon" not in cmd and b"pyspark.worker" not in cmd:
+                continue
+            for line in status.read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    peak = max(peak, int(line.split()[1]))
+        except OSError:
+            continue
+    return peak / 1024
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--passes", type=int, default=3)
+    ap.add_argument("--check", type=int, default=20_000)
+    ap.add_argument("--name", default="inference")
+    args = ap.parse_args()
+
+    import pyspark
+    import torch
+    spark = local_spark("local[2]")
+    tmp = Path(tempfile.mkdtemp(prefix="sparkddl-inference-"))
+    path = str(tmp / "table")
+    write_table(spark, args.rows, path)
+    model = fitted(spark, path, f"file://{tmp / 'store'}")
+    weights = state_bytes(model.module())
+    df = spark.read.parquet(path)
+
+    paths = {
+        'transform(df).select("prediction")': lambda: model.transform(df).select("prediction"),
+        "transform(df), every column": lambda: model.transform(df),
+        "predict_batch_udf (batch 1,024)": lambda: df.select(
+            batch_udf(weights)("features").alias("prediction")),
+        "hand-written pandas_udf": lambda: df.select(
+            hand_udf(weights)("features").alias("prediction")),
+    }
+    # the same predictions on a sample, by id
+    sample = df.where(f"id < {args.check}")
+    scored = {"transform": model.transform(sample).select("id", "prediction"),
+              "predict_batch_udf": sample.select(
+                  "id", batch_udf(weights)("features").alias("prediction")),
+              "hand-written pandas_udf": sample.select(
+                  "id", hand_udf(weights)("features").alias("prediction"))}
+    got = {k: dict(v.rdd.map(tuple).collect()) for k, v in scored.items()}
+    ref = got["predict_batch_udf"]
+    agree = {k: sum(v[i] == ref[i] for i in ref) / len(ref) for k, v in got.items()}
+
+    rows = []
+    for name, make in paths.items():
+        def one(make=make) -> None:
+            make().write.format("noop").mode("overwrite").save()
+        times = timed(one, args.passes + 1)[1:]
+        med = statistics.median(times)
+        rows.append({"path": name, "s_per_pass": round(med, 2),
+                     "rows_per_s": round(args.rows / med),
+                     "passes_s": ", ".join(f"{t:.2f}" for t in times)})
+    base = next(r for r in rows if r["path"].startswith("predict_batch_udf"))
+    for r in rows:
+        r["vs_predict_batch_udf"] = round(base["s_per_pass"] / r["s_per_pass"], 2)
+    shipped = {"transform (weights + architecture)": len(weights),
+               "predict_batch_udf / pandas_udf (weights in the closure)": len(weights)}
+    peak = worker_peak_mb()
+
+    def plot(out: Path) -> None:
+        import matplotlib.pyplot as plt
+        fig, ax = plt.subplots(figsize=(8, 3.2))
+        ax.barh([r["path"] for r in rows], [r["rows_per_s"] / 1e3 for r in rows])
+        ax.set_xlabel("thousand rows/s (higher is better)")
+        ax.set_title(f"Scoring {args.rows:,} rows x {D} on local[2]")
+        fig.tight_layout()
+        fig.savefig(out, dpi=120)
+
+    notes = (f"pyspark {pyspark.__version__}, torch {torch.__version__}; {args.rows:,} rows x "
+             f"{D} float32 in 8 Parquet files, MLP {D}-{HIDDEN}-{HIDDEN}-{CLASSES}; median of "
+             f"{args.passes} passes after a warm-up, each written to the noop sink. "
+             f"Predictions agree with predict_batch_udf's on {args.check:,} rows: "
+             + ", ".join(f"{k} {v:.4f}" for k, v in agree.items())
+             + f". Python workers' peak RSS: {peak:.0f} MB.")
+    write_results(args.name, rows, ["path", "s_per_pass", "rows_per_s", "vs_predict_batch_udf",
+                                    "passes_s"],
+                  "Batch inference: TorchModel.transform vs predict_batch_udf", plot, notes,
+                  extra={"agreement": agree, "shipped_bytes": shipped,
+                         "worker_peak_mb": peak, "pyspark": pyspark.__version__})
+    spark.stop()
+
+
+if __name__ == "__main__":
+    main()
