@@ -2,6 +2,7 @@
 model loaded once per Python worker."""
 from __future__ import annotations
 
+import functools
 import hashlib
 import threading
 from dataclasses import dataclass
@@ -30,8 +31,10 @@ class ModelPayload:
     # feature column -> how training decoded it (ColumnSpec JSON), for the transformFn's input
     columns: Any = None
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
+        """The model's identity, hashed once per process (not per batch: the weights and a
+        program's graph are megabytes)."""
         h = hashlib.sha256(self.weights)
         h.update(self.pickled_factory)
         if self.program is not None:
