@@ -134,13 +134,20 @@ def scorer(payload_bc: Any, features: list[str], kind: str, batch_rows: int,
         # about 15 % of a 1 M-row transform on local[2])
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
-        inputs = [arrow_column(c, shapes.get(f), f) if arrow else column(c, shapes.get(f))
-                  for f, c in zip(features, columns)]
+        inputs = [arrow_column(c, shapes.get(f), f) if arrow else
+                  column(_named(c, f), shapes.get(f)) for f, c in zip(features, columns)]
         out = forward(payload_bc.value.module(where), inputs, batch_rows, where)
         with _Last.lock:
             _Last.batch, _Last.out = columns, out
         return derive(kind, field, out)
     return score
+
+
+def _named(series: pd.Series, name: str) -> pd.Series:
+    """A UDF's argument (pandas names it ``_0``, ``_1``...) under its column's name, which
+    errors about its rows give."""
+    series.name = name
+    return series
 
 
 def _to_arrow(values: np.ndarray) -> pa.Array:
