@@ -140,6 +140,13 @@ def column(series: Any, shape: Any) -> Any:
             raise ValueError(_unstackable(series, rows)) from None
         if values.dtype == object and series.isna().any():  # every row null: they stacked
             raise ValueError(_unstackable(series, rows))
+    return shaped_rows(values, shape, name)
+
+
+def shaped_rows(values: Any, shape: Any, name: Any) -> Any:
+    """``values`` (one row of numbers per row) as contiguous float32 rows of ``shape`` (None:
+    as they come); ValueError naming the column where a row holds another count."""
+    import numpy as np
     arr = np.ascontiguousarray(values, dtype=np.float32)
     if not shape:
         return arr

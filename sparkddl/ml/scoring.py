@@ -23,7 +23,7 @@ import numpy as np
 import pandas as pd  # module level: pandas_udf resolves the type hints below against it
 import pyarrow as pa  # module level: arrow_udf resolves the type hints below against it
 
-from sparkddl.export.portable import BINARY, MULTICLASS, column
+from sparkddl.export.portable import BINARY, MULTICLASS, column, shaped_rows
 
 PREDICTION, PROBABILITY, RAW = "prediction", "probability", "raw"
 
@@ -84,14 +84,7 @@ def arrow_column(values: Any, shape: Any, name: str) -> np.ndarray:
         arr = flat.reshape(len(values), -1) if len(values) else flat.reshape(0, 1)
     else:
         arr = values.to_numpy(zero_copy_only=False)  # a null number is NaN: it predicts NaN
-    arr = np.ascontiguousarray(arr, dtype=np.float32)
-    if not shape:
-        return arr
-    want, got = int(np.prod(shape)), arr.size // max(len(arr), 1)
-    if got != want:
-        raise ValueError(f"feature column {name!r} has {got} value(s) per row; the model "
-                         f"takes {want} (shape {list(shape)}), as it was trained on")
-    return arr.reshape((len(arr), *shape))
+    return shaped_rows(arr, shape, name)
 
 
 def forward(module: Any, inputs: list[np.ndarray], batch_rows: int, device: str) -> Any:
