@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from sparkddl.errors import ClusterError, ConfigError, in_callers_words
 from sparkddl.launch import preflight
@@ -20,6 +20,9 @@ from sparkddl.launch.local import run_local
 from sparkddl.launch.runner import launch, spark_session
 from sparkddl.session import cluster_context
 from sparkddl.task.script import script
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 SSL_KEY = "pytorch.spark.distributor.ignoreSsl"
@@ -46,7 +49,7 @@ class TorchDistributor:
     """
 
     def __init__(self, num_processes: int = 1, local_mode: bool = True, use_gpu: bool = True,
-                 _ssl_conf: str = SSL_KEY, spark: Any = None):
+                 _ssl_conf: str = SSL_KEY, spark: SparkSession | None = None):
         if isinstance(num_processes, bool) or not isinstance(num_processes, int) or \
                 num_processes < 1:
             raise ConfigError(f"num_processes must be a positive integer, got "

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from sparkddl.channel import messages
 from sparkddl.config import optional_positive_int, positive_seconds
@@ -13,6 +13,9 @@ from sparkddl.launch.launcher import launch_ranks, new_run_id
 from sparkddl.session import cluster_context
 from sparkddl.task.frameworks import warn_unsynced
 from sparkddl.task.script import Script, script
+
+if TYPE_CHECKING:
+    from pyspark.sql import SparkSession
 
 log = logging.getLogger(__name__)
 
@@ -26,7 +29,7 @@ def spark_session(spark: Any = None) -> Any:
 
 
 def run(fn: Callable[..., Any] | str | os.PathLike, *args: Any, num_workers: int | None = None,
-        use_gpu: bool = False, timeout: float | None = None, spark: Any = None,
+        use_gpu: bool = False, timeout: float | None = None, spark: SparkSession | None = None,
         torch_threads: int | None = None, **kwargs: Any) -> Any:
     """Run ``fn(*args, **kwargs)`` on ``num_workers`` ranks and return rank 0's return value.
 

@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import io
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from pyspark.ml import Model
 from pyspark.ml.util import MLReadable, MLWritable, MLWriter
@@ -17,6 +17,12 @@ from sparkddl.ml.persistence import ModelReader, ModelWriter
 from sparkddl.ml.scoring import PREDICTION, PROBABILITY, RAW, column_udfs, return_types, scorer
 from sparkddl.problems import Problem
 from sparkddl.session import cluster_context
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
+    from pyspark.sql._typing import (  # pyright: ignore[reportMissingModuleSource] - a stub
+        UserDefinedFunctionLike,
+    )
 
 
 class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
@@ -79,7 +85,8 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
     def state_dict(self) -> dict[str, Any]:
         return dict(self._state)
 
-    def historyDataFrame(self, spark: Any = None) -> Any:  # noqa: N802 - Spark ML's style
+    def historyDataFrame(self, spark: SparkSession | None = None  # noqa: N802 - Spark ML's
+                         ) -> DataFrame:
         """The history as a Spark DataFrame, e.g. for ``display()``."""
         from pyspark.sql import SparkSession
         spark = spark or SparkSession.getActiveSession() or SparkSession.builder.getOrCreate()
@@ -164,7 +171,8 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
         return out.withColumns({name: _as_vector(field, F.col(f"{tmp}.{field}"))
                                 for field, name in fields.items()}).drop(tmp)
 
-    def udf(self, output: str = PREDICTION, spark: Any = None) -> Any:
+    def udf(self, output: str = PREDICTION, spark: SparkSession | None = None
+            ) -> UserDefinedFunctionLike:
         """A Spark UDF of one of the model's outputs, taking its feature columns (arrays or
         numbers, in the model's input order) as arguments: for SQL
         (``spark.udf.register("score", model.udf())``, then ``SELECT score(features) FROM

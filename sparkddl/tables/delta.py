@@ -14,7 +14,7 @@ is read by Spark with Delta Lake (``spark.read.format("delta").load(url)``) and 
 from __future__ import annotations
 
 import posixpath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from sparkddl.errors import DataError
@@ -25,6 +25,9 @@ from sparkddl.tables.handed import hand_over
 from sparkddl.tables.masks import RowMasks, descriptor
 from sparkddl.tables.paths import fs_path
 from sparkddl.tables.table import Table
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 # reader features of a Delta protocol that sparkddl applies reading the files itself;
 # vacuumProtocolCheck only asks writers and vacuum to check the protocol first; timestamps
@@ -87,7 +90,7 @@ def unreadable_log(store: Store, exc: BaseException) -> DataError:
                      "table through Spark with Delta Lake")
 
 
-def read_delta(spark: Any, url: str) -> Any:
+def read_delta(spark: SparkSession, url: str) -> DataFrame:
     """A DataFrame of the current version of the Delta table at ``url`` that sparkddl reads
     in place, for sessions without Delta Lake's Spark jar: Spark reads the files the log
     names (``basePath`` keeps the partition columns), not every Parquet file in the folder.

@@ -22,7 +22,7 @@ What is read in place and what is refused, file by file:
 from __future__ import annotations
 
 import posixpath
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sparkddl.errors import DataError
 from sparkddl.store import Store
@@ -32,6 +32,9 @@ from sparkddl.tables.handed import hand_over
 from sparkddl.tables.masks import PositionDeletes, RowMasks
 from sparkddl.tables.parquet import parquet_file
 from sparkddl.tables.table import Table
+
+if TYPE_CHECKING:
+    from pyspark.sql import DataFrame, SparkSession
 
 FIELD_ID = b"PARQUET:field_id"
 # Iceberg's primitive types read in place as partition columns, as Arrow type names
@@ -102,7 +105,8 @@ def _delete_files(task: Any, name: str) -> tuple[PositionDeletes, ...]:
     return tuple(found[p] for p in sorted(found))
 
 
-def read_iceberg(spark: Any, table_or_identifier: Any, catalog: Any = None) -> Any:
+def read_iceberg(spark: SparkSession, table_or_identifier: Any, catalog: Any = None
+                 ) -> DataFrame:
     """A DataFrame of the current snapshot of an Iceberg table that sparkddl reads in place,
     for sessions without Iceberg's Spark jar: Spark reads the files the table's manifests
     name, not every Parquet file under its location; files with positional delete files
