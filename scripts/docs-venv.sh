@@ -1,21 +1,4 @@
 #!/usr/bin/env bash
-# Create or refresh .venv-docs (MkDocs, Material, mkdocstrings) from constraints-docs.txt, the
-# exact pins, installed with --no-deps; a no-op when the pins have not changed.
-set -euo pipefail
-root=$(cd "$(dirname "$0")/.." && pwd)
-venv=$root/.venv-docs
-stamp="$venv/.sparkddl-stamp"
-want=$(sha256sum "$root/constraints-docs.txt" | cut -c1-16)
-if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && [ -x "$venv/bin/mkdocs" ]; then
-  exit 0
-fi
-py=${PYTHON:-python3.11}
-command -v "$py" >/dev/null || py=python3
-echo "setting up $venv (docs stack from constraints-docs.txt)" >&2
-[ -x "$venv/bin/python" ] || "$py" -m venv "$venv"
-"$venv/bin/python" -m pip install -q --disable-pip-version-check --no-deps \
-  -r "$root/constraints-docs.txt" 2>&1 | grep -v "is ignored: it is neither" || true
-"$venv/bin/python" -c "import mkdocs, material, mkdocstrings_handlers.python" \
-  || { echo "the virtualenv at $venv is broken; delete it and retry" >&2; exit 1; }
-[ -f "$venv/.gitignore" ] || echo '*' > "$venv/.gitignore"
-echo "$want" > "$stamp"
+# .venv-docs: MkDocs, Material and mkdocstrings, from constraints-docs.txt
+exec "$(dirname "$0")/tool-venv.sh" docs mkdocs \
+  python -c "import mkdocs, material, mkdocstrings_handlers.python"
