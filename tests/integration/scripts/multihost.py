@@ -85,12 +85,16 @@ def session(master: str, name: str):
 
 
 def executors(sc) -> tuple[list[str], int, int]:
-    """The hosts of the application's executors (the driver's own block manager left out),
-    its task slots and its active stages."""
+    """The hosts of the application's live executors (not the driver), from Spark's REST API
+    (the JVM's SparkEnv is not reachable through py4j on every Spark: 4.3's BlockManager
+    names shaded protobuf classes py4j cannot load), its task slots and its active stages."""
+    import urllib.request
+    url = f"{sc.uiWebUrl}/api/v1/applications/{sc.applicationId}/executors"
+    with urllib.request.urlopen(url, timeout=10) as answer:
+        found = json.load(answer)
+    hosts = sorted(e["hostPort"].rsplit(":", 1)[0] for e in found
+                   if e["id"] != "driver" and e.get("isActive", True))
     jsc = sc._jsc.sc()
-    me = jsc.env().blockManager().blockManagerId()
-    hosts = sorted(i.host() for i in jsc.statusTracker().getExecutorInfos()
-                   if (i.host(), i.port()) != (me.host(), me.port()))
     return hosts, int(jsc.maxNumConcurrentTasks(
         jsc.resourceProfileManager().defaultResourceProfile())), \
         len(sc.statusTracker().getActiveStageIds())
