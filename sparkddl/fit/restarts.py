@@ -64,8 +64,10 @@ class RestartPolicy:
     seen: dict[str, int] = field(default_factory=dict)
     hangs: int = 0
 
-    def final_error(self, attempt: int, exc: TrainingFailedError) -> TrainingFailedError | None:
-        """None to relaunch; else the error that ends the fit."""
+    def final_error(self, attempt: int, exc: TrainingFailedError, hint: str = ""
+                    ) -> TrainingFailedError | None:
+        """None to relaunch; else the error that ends the fit. ``hint``: where a store fault
+        leaves the run (the checkpoint a later fit resumes from), said after it."""
         repeats = will_repeat(exc, self.num_workers)
         again = self._seen_before(attempt, exc)
         hung = exc.reason.startswith("watchdog")
@@ -82,6 +84,10 @@ class RestartPolicy:
         elif repeats and _non_finite(exc):
             reason = (f"{exc.reason} (not retried: a relaunch from the last checkpoint would "
                       "reach the same batch with the same weights)")
+        elif store_fault(exc):
+            reason = store_fault_reason(exc)
+            if "runId=" not in reason:  # a checkpoint's own error says how to resume
+                reason = f"{reason} {hint}".strip()
         elif repeats and _transform_failed(exc):
             reason = (f"{exc.reason} (not retried: a relaunch would give the transformFn the "
                       "same rows)")
@@ -114,7 +120,7 @@ def will_repeat(exc: TrainingFailedError, num_workers: int) -> bool:
     """Every rank reported the same error before any training step: a configuration or code
     error (a missing function, a device that does not exist), not a fault a relaunch fixes."""
     failures = exc.failures
-    if _non_finite(exc) or _transform_failed(exc) or _store_fault(exc):
+    if _non_finite(exc) or _transform_failed(exc) or store_fault(exc):
         return True
     if len({f.rank for f in failures}) < num_workers:
         return False
@@ -167,11 +173,32 @@ def _transform_failed(exc: TrainingFailedError) -> bool:
     return any(f.raised(TransformError) for f in exc.failures)
 
 
-def _store_fault(exc: TrainingFailedError) -> bool:
+def store_fault(exc: TrainingFailedError) -> bool:
     """A rank could not write to the store for a reason a relaunch meets again (a full disk,
     a read-only mount, a missing permission: sparkddl.store.faults)."""
     return any(f.raised(StoreError) and any(code in f.message for code in STORE_FAULTS)
                for f in exc.failures)
+
+
+def store_fault_reason(exc: TrainingFailedError) -> str:
+    """The ranks' StoreError first (the file, the fault, the space left, the fix), then when
+    it came: a store that filled up after two epochs trained is not a rank that could not
+    start."""
+    failure = next(f for f in exc.failures
+                   if f.raised(StoreError) and any(code in f.message for code in STORE_FAULTS))
+    text = failure.message.splitlines()[0].removeprefix("StoreError:").strip()
+    status, when = failure.status, ""
+    steps, epoch = int(status.get("steps") or 0), int(status.get("epoch") or 0)
+    phase = str(status.get("phase") or "")
+    if steps and epoch:
+        when = f" in epoch {epoch} (step {steps} of the run)"
+    elif steps:
+        when = f" after {steps} step(s) had trained"
+    else:
+        when = " before its first training step"
+    doing = f" while {phase}" if phase and phase != "running" else ""
+    return (f"rank {failure.rank} could not write to the store{doing}{when}: {text} (not "
+            "retried: a relaunch would meet the same store)")
 
 
 def _non_finite(exc: TrainingFailedError) -> bool:

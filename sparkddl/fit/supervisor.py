@@ -34,12 +34,13 @@ from sparkddl.fit.elastic import check_elastic, resized
 from sparkddl.fit.evaluation import EvaluationResult, Fatal, SnapshotEvaluator, evaluation_mode
 from sparkddl.fit.inputs import check_best_by_early, fit_inputs, shard_plan
 from sparkddl.fit.progress import Progress
-from sparkddl.fit.restarts import Restart, RestartPolicy, record_restart
+from sparkddl.fit.restarts import Restart, RestartPolicy, record_restart, store_fault
 from sparkddl.fit.slots import forget_lost_executors, slots_back, world_after_failure
 from sparkddl.launch import preflight
 from sparkddl.launch.jobs import CallerScope, new_tag
 from sparkddl.launch.launcher import launch_ranks, new_run_id
 from sparkddl.launch.monitor import Handlers
+from sparkddl.launch.phases import Phases
 from sparkddl.session import cluster_context
 from sparkddl.store import Store
 from sparkddl.train.loop import train
@@ -61,6 +62,14 @@ class _Dispatch:
         self.recancelled = -1  # the attempt cancelled again after a fatal error
         # an elastic fit on fewer ranks: epoch -> whether to stop and relaunch wider now
         self.grow: Callable[[int], bool] | None = None
+        # this attempt's ranks that said hello, when the last of ``world`` did and when rank
+        # 0 reported its first step (time.perf_counter(); None: not yet)
+        self.world, self.hellos = 0, set[int]()
+        self.all_up_at: float | None = None
+        self.first_step_at: float | None = None
+
+    def attempt_started(self, world: int) -> None:
+        self.world, self.hellos, self.all_up_at, self.first_step_at = world, set(), None, None
 
     def handlers(self, attempt: int) -> Handlers:
         """The handlers of ``attempt``'s stage; they do nothing once it is not current."""
@@ -80,11 +89,19 @@ class _Dispatch:
             return handle
 
         return {kind: fenced(h) for kind, h in (
-            (m.Progress, self._progress), (m.Heartbeat, self._heartbeat),
+            (m.Hello, self._hello), (m.Progress, self._progress), (m.Heartbeat, self._heartbeat),
             (m.Epoch, self._epoch), (m.Snapshot, self._snapshot),
             (m.Checkpoint, self._checkpoint))}
 
+    def _hello(self, msg: Message, body: m.Hello) -> None:
+        if body.role == "" and self.all_up_at is None:
+            self.hellos.add(msg.rank)
+            if len(self.hellos) >= self.world:
+                self.all_up_at = time.perf_counter()
+
     def _progress(self, msg: Message, body: m.Progress) -> None:
+        if self.first_step_at is None:
+            self.first_step_at = time.perf_counter()
         if self.pending is not None:
             self.pending.resumed_at, self.pending = time.monotonic(), None
         self.progress.update(body.epoch, body.step, body.loss)
@@ -130,12 +147,16 @@ class FitResult:
     restarts: list[Restart] = field(default_factory=list)
     # snapshots the driver could not evaluate (the weights were chosen among the others)
     evaluation_errors: list[str] = field(default_factory=list)
+    # seconds by phase (checks, data, launch, start, training, evaluation, end): the fit's
+    # wall clock, in order
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: TrainConfig,
         callbacks: Callbacks | None = None) -> FitResult:
     """``callbacks`` run on the driver (on_fit_start and on_fit_end are the caller's)."""
     started = time.perf_counter()
+    phases = Phases(started=started)
     check_best_by_early(config)
     check_elastic(config)
     sc = cluster_context(spark)
@@ -147,18 +168,20 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
         "cuda" if config.use_gpu else "cpu")
     run_id = config.run_id or new_run_id()  # held even when new: a resume may name it
     with runlock.holding(Store.from_uri(config.store), run_id):
-        return _fit(spark, df, model, optimizer, loss, config, callbacks, run_id, started)
+        return _fit(spark, df, model, optimizer, loss, config, callbacks, run_id, phases)
 
 
 def _fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: TrainConfig,
-         callbacks: Callbacks | None, run_id: str, started: float) -> FitResult:
+         callbacks: Callbacks | None, run_id: str, phases: Phases) -> FitResult:
     """The fit of run ``run_id``, once the driver's checks have passed."""
     sc = cluster_context(spark)
+    phases.end("checks")
     with bounded_jobs(sc, config.timeout_s, "while preparing the data"):
         inputs = fit_inputs(df, model, optimizer, loss, config)
     store, data = inputs.store, inputs.data
     plan = shard_plan(data, config, config.num_workers, inputs.transform_shapes)
     _record_run(store, run_id, data, config, plan.steps_per_epoch)
+    phases.end("data")  # listing, deciding in place or copy, materializing, planning
     mode = evaluation_mode(config, data.val)
     on_ranks = mode == "ranks"
     spec = TrainSpec(config, run_id=run_id, model_factory=inputs.factory,
@@ -182,31 +205,34 @@ def _fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Tra
     log.info("fit %s: %d workers x batch %d, %d steps per epoch, %d epochs, strategy %s",
              run_id, config.num_workers, config.batch_size, plan.steps_per_epoch, config.epochs,
              config.strategy)
-    policy = RestartPolicy(config.max_restarts, config.timeout_s, started, config.num_workers,
-                           config.use_gpu)
+    policy = RestartPolicy(config.max_restarts, config.timeout_s, phases.started,
+                           config.num_workers, config.use_gpu)
     def replan(resized: TrainConfig) -> Any:
         return shard_plan(data, resized, resized.num_workers, inputs.transform_shapes)
 
     try:
         with _stoppable(sc, run_id, evaluator):
             summary, restarts = _attempts(sc, spec, config, store, evaluator, progress,
-                                          policy, replan)
+                                          policy, replan, phases)
     finally:
         progress.close()
         evaluated = evaluator.close()
+        phases.end("evaluation")  # what the driver still evaluated after the ranks ended
         _write_history(store, run_id, evaluated.history)
     _end_if_fatal(evaluated.fatal, store, run_id)  # it came after the ranks' last message
     if evaluated.errors:
         log.warning("fit %s: %d snapshot(s) could not be evaluated on the driver: %s", run_id,
                     len(evaluated.errors), "; ".join(evaluated.errors))
     chosen = _choose(evaluated, config.final_weights, run_id)
+    phases.end("end")
+    _record_phases(store, run_id, phases)
     return FitResult(run_id=run_id, model_factory=inputs.factory, state=chosen.state,
                      chosen_epoch=chosen.epoch, history=evaluated.history, problem=inputs.problem,
                      best_by=inputs.best_by, epochs_done=summary["epochs_done"],
                      stopped_early=summary["stopped_early"],
                      steps_per_rank=summary["steps_per_rank"],
-                     fit_time_s=time.perf_counter() - started, data=data, restarts=restarts,
-                     evaluation_errors=evaluated.errors)
+                     fit_time_s=phases.total_s, data=data, restarts=restarts,
+                     evaluation_errors=evaluated.errors, phases=phases.rounded())
 
 
 def _cluster_evaluator(spark: Any, sc: Any, inputs: Any, val: Any, config: TrainConfig,
@@ -222,7 +248,8 @@ def _cluster_evaluator(spark: Any, sc: Any, inputs: Any, val: Any, config: Train
 
 def _attempts(sc: Any, base: TrainSpec, config: TrainConfig, store: Store,
               evaluator: SnapshotEvaluator, progress: Progress, policy: RestartPolicy,
-              replan: Callable[[TrainConfig], Any]) -> tuple[dict[str, Any], list[Restart]]:
+              replan: Callable[[TrainConfig], Any], phases: Phases
+              ) -> tuple[dict[str, Any], list[Restart]]:
     """Launch the ranks; after a failure, relaunch from the last good checkpoint (or from the
     start) while the policy allows, on fewer ranks if the slots are gone and minWorkers
     allows; its final error names every attempt."""
@@ -243,6 +270,7 @@ def _attempts(sc: Any, base: TrainSpec, config: TrainConfig, store: Store,
         # still run, the fence keeps it from writing over this attempt's checkpoints
         fence = f"{attempt}-{new_run_id()}"
         checkpoint.set_fence(store, spec.run_id, fence)
+        hook.attempt_started(spec.config.num_workers)
         try:
             hook.grow = _grow_check(sc, config) if spec is not base else None
             summary = launch_ranks(
@@ -254,6 +282,7 @@ def _attempts(sc: Any, base: TrainSpec, config: TrainConfig, store: Store,
                 watchdog_s=config.watchdog_s, warm_imports=reader_modules(spec.plan),
                 slot_wait_s=_slot_wait(config, policy),
                 description=f"sparkddl fit {spec.run_id} attempt {attempt}")
+            _attempt_phases(phases, hook)
             if not summary.get("regrow"):
                 return summary, restarts
             restarts.append(Restart(attempt, f"grew back from {spec.config.num_workers} to "
@@ -262,13 +291,16 @@ def _attempts(sc: Any, base: TrainSpec, config: TrainConfig, store: Store,
             hook.pending = restarts[-1]
             resized_from, spec = spec.config.num_workers, base
         except JobCancelledError as exc:
+            _attempt_phases(phases, hook)
             hook.attempt = -1  # nothing the cancelled ranks still send counts
             _end_if_fatal(evaluator.fatal, store, spec.run_id)  # it cancelled the stage
             raise JobCancelledError(f"{exc} {_resume_hint(store, spec.run_id)}") from exc
         except TrainingFailedError as exc:
+            _attempt_phases(phases, hook)
             hook.attempt = -1
             _end_if_fatal(evaluator.fatal, store, spec.run_id)  # its cancel broke the ranks
-            final = policy.final_error(attempt, exc)
+            hint = _resume_hint(store, spec.run_id) if store_fault(exc) else ""
+            final = policy.final_error(attempt, exc, hint)
             if final is not None:
                 raise final from exc
             world = _world_after(sc, exc, config, policy)
@@ -338,6 +370,28 @@ def _grow_check(sc: Any, config: TrainConfig) -> Callable[[int], bool]:
         return epoch + 1 < config.epochs and \
             slots_back(sc, config.num_workers, config.use_gpu)
     return grow
+
+
+def _attempt_phases(phases: Phases, hook: _Dispatch) -> None:
+    """An attempt's stage, in three: ``launch`` until every rank said hello (the tasks
+    scheduled, their Python workers up), ``start`` until rank 0's first step (rendezvous,
+    the model built and wrapped, the first batch read), ``training`` to the stage's end."""
+    phases.end("launch", hook.all_up_at)
+    phases.end("start", hook.first_step_at)
+    phases.end("training")
+
+
+def _record_phases(store: Store, run_id: str, phases: Phases) -> None:
+    """The fit's phases, logged in one line and kept in runs/<id>/run.json ("phases": the
+    latest fit's of this run id)."""
+    log.info("fit %s in %s", run_id, phases.line())
+    url = store.run_url(run_id, "run.json")
+    try:
+        record = json.loads(store.read_bytes(url))
+        record["phases"] = phases.rounded()
+        store.write_bytes(url, json.dumps(record).encode())
+    except Exception as exc:  # noqa: BLE001 - the fit's outcome stands without it
+        log.warning("could not record the phases of run %s: %s", run_id, exc)
 
 
 def _resume_hint(store: Store, run_id: str) -> str:

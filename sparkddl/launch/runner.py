@@ -10,6 +10,7 @@ from sparkddl.config import optional_positive_int, positive_seconds
 from sparkddl.errors import ConfigError
 from sparkddl.launch import preflight
 from sparkddl.launch.launcher import launch_ranks, new_run_id
+from sparkddl.launch.phases import Phases
 from sparkddl.session import cluster_context
 from sparkddl.task.frameworks import warn_unsynced
 from sparkddl.task.script import Script, script
@@ -81,6 +82,7 @@ def launch(fn: Callable[..., Any] | str | os.PathLike, args: tuple, kwargs: dict
             raise ConfigError(f"a script takes command-line arguments only, not keyword "
                               f"arguments ({', '.join(kwargs)})")
         fn, args = script(fn, args), ()
+    phases = Phases()
     sc = cluster_context(spark_session(spark))
     if num_workers is None:
         num_workers = preflight.available_workers(
@@ -94,12 +96,25 @@ def launch(fn: Callable[..., Any] | str | os.PathLike, args: tuple, kwargs: dict
             else getattr(fn, "__qualname__", type(fn).__name__))
     log.info("run %s: starting %s on %d rank(s)", run_id, name, num_workers)
     groups: dict[int, int] = {}  # rank -> the largest process group it formed
-    value = launch_ranks(sc, fn, args, kwargs, num_workers=num_workers, run_id=run_id,
-                         use_gpu=use_gpu, timeout_s=timeout, torch_threads=torch_threads,
-                         description=f"{caller}({name}) x{num_workers}",
-                         node_per_rank=node_per_rank,
-                         handlers={messages.Done: lambda msg, body: groups.update(
-                             {msg.rank: body.group})})
+    hellos: dict[int, float] = {}  # rank -> when it said hello (its task's Python is up)
+
+    def hello(msg: Any, body: messages.Hello) -> None:
+        if body.role == "":
+            hellos.setdefault(msg.rank, phases.now())
+
+    phases.end("checks")
+    try:
+        value = launch_ranks(sc, fn, args, kwargs, num_workers=num_workers, run_id=run_id,
+                             use_gpu=use_gpu, timeout_s=timeout, torch_threads=torch_threads,
+                             description=f"{caller}({name}) x{num_workers}",
+                             node_per_rank=node_per_rank,
+                             handlers={messages.Done: lambda msg, body: groups.update(
+                                 {msg.rank: body.group}), messages.Hello: hello})
+    finally:
+        # launch: until every rank's task has started; running: the function, to the end
+        phases.end("launch", max(hellos.values()) if len(hellos) == num_workers else None)
+        phases.end("running")
+        log.info("run %s in %s", run_id, phases.line())
     warn_unsynced(num_workers, list(groups.values()), caller)
     return value
 

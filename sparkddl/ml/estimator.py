@@ -85,5 +85,6 @@ class TorchEstimator(TorchEstimatorBase):
         model.trained_on_gpu = bool(self.getOrDefault(self.useGpu))
         model.epochs_done, model.stopped_early = result.epochs_done, result.stopped_early
         model.steps_per_rank, model.fit_time_s = result.steps_per_rank, result.fit_time_s
+        model.phases = dict(result.phases)
         model.restarts = [dict(vars(r), recovery_s=r.recovery_s) for r in result.restarts]
         return model

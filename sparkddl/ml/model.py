@@ -43,6 +43,11 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
         stopped_early (bool): whether early stopping or a callback ended the fit.
         steps_per_rank (list[int]): optimizer steps each rank took.
         fit_time_s (float): the fit's wall-clock seconds.
+        phases (dict[str, float]): where those seconds went, in order: ``checks`` (the
+            session and the executors' Python), ``data`` (listing, materializing, planning),
+            ``launch`` (until every rank's task has started), ``start`` (until rank 0's
+            first step), ``training``, ``evaluation`` (what the driver still evaluated
+            after the ranks ended) and ``end``.
         restarts (list[dict]): one dict per failed attempt: reason, checkpoint resumed from,
             steps redone, recovery_s.
         input_specs (tuple): the model's inputs per row.
@@ -65,6 +70,7 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
         self.stopped_early = False
         self.steps_per_rank: list[int] = []
         self.fit_time_s = 0.0
+        self.phases: dict[str, float] = {}
         self.restarts: list[dict[str, Any]] = []
         self.input_specs: tuple[exported.InputSpec, ...] = ()
         self._program: exported.Program | None = None

@@ -314,6 +314,41 @@ def test_a_store_that_fills_up_during_materialization_names_the_file_and_keeps_n
         assert not again.cache_hit and again.train.rows == 4000
 
 
+class ReadOnlyAfter:
+    """Remounts the store's filesystem read-only once ``epoch`` has ended (a driver
+    callback, so the ranks meet it at their next write: the epoch's checkpoint)."""
+
+    def __init__(self, mnt, epoch: int):
+        self.mnt, self.epoch = mnt, epoch
+
+    def on_epoch_end(self, row):
+        if row["epoch"] == self.epoch:
+            subprocess.run(["mount", "-o", "remount,ro", str(self.mnt)], check=True, timeout=30)
+
+
+@pytest.mark.timeout(240)
+def test_a_store_that_turns_read_only_after_two_epochs_leads_with_the_store_error(
+        spark_local, tmp_path):
+    from tests.unit.store.tmpfs import small_filesystem
+    with small_filesystem(tmp_path, "64m") as mnt:
+        fit = estimator(mnt, epochs=4, maxRestarts=2, runId="ro",
+                        callbacks=[ReadOnlyAfter(mnt, 2)])
+        with pytest.raises(TrainingFailedError) as info:
+            fit.fit(digits_df(spark_local))
+        first = str(info.value).splitlines()[0]
+    # the ranks' StoreError first, with when it came and where the run can resume from;
+    # not "every rank failed the same way before its first step". The callback runs on the
+    # driver while the ranks go on: the first write to fail is the checkpoint of epoch 2 or 3
+    found = re.match(r"rank \d could not write to the store while writing a checkpoint in "
+                     r"epoch ([23]) \(step \d+ of the run\): the checkpoint at epoch \1, step 0 of "
+                     r"run ro was not written .*: cannot write .*: EROFS \(Read-only file "
+                     r"system\).*remount it read-write .* a fit with runId='ro' resumes from the "
+                     r"newest \(not retried: a relaunch would meet the same store\)", first)
+    assert found, first
+    assert "before its first step" not in first
+    assert info.value.attempts == 1
+
+
 def hold_slots(spark, group: str, seconds: float) -> None:
     """A job of this application that holds both slots for ``seconds``. Its tasks sleep in
     the JVM (Thread.sleep through reflect), not in Python workers: the cancel interrupts the

@@ -1,6 +1,7 @@
 """TorchEstimator -> TorchModel on real Spark (local[2]) with scikit-learn's digits."""
 from __future__ import annotations
 
+import json
 import pickle
 
 import pytest
@@ -58,6 +59,15 @@ def test_digits_on_two_workers_and_on_one_with_the_same_global_batch(digits, tmp
     assert all(0 < r["data_wait_s"] < r["epoch_time_s"] for r in two.history)
     assert two.historyDataFrame().count() == 25
     assert two.task == "multiclass" and two.steps_per_rank[0] == two.steps_per_rank[1]
+    # where the fit's time went: the phases in order, adding up to its wall clock, the
+    # epochs inside "training"; kept in the run's record
+    assert list(two.phases) == ["checks", "data", "launch", "start", "training", "evaluation",
+                                "end"], two.phases
+    assert all(s >= 0 for s in two.phases.values())
+    assert abs(sum(two.phases.values()) - two.fit_time_s) < 0.01, (two.phases, two.fit_time_s)
+    assert two.phases["training"] >= 0.8 * sum(r["epoch_time_s"] for r in two.history[1:])
+    record = json.loads((tmp_path / "runs" / two.run_id / "run.json").read_text())
+    assert record["phases"] == two.phases
     one = estimator(tmp_path, numWorkers=1, batchSize=64, epochs=25).fit(train)
     acc_one = accuracy(one.transform(test))
     assert acc_one >= 0.93 and abs(acc_one - acc_two) <= 0.03

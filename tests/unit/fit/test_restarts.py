@@ -121,6 +121,17 @@ def test_a_rank_that_finds_the_store_full_or_read_only_is_not_relaunched_into_it
                        exception="sparkddl.errors.StoreError")
     assert will_repeat(failed(full), 2)
     assert policy().final_error(0, failed(full)) is not None
+    # the store's own error leads, with when it came: two epochs had trained, which is no
+    # rank that failed "before its first step"
+    full.status.update(epoch=3, phase="writing a checkpoint")
+    hint = "The last checkpoint (2 epoch(s) done) is kept: fit again with runId='r' to resume."
+    final = str(policy().final_error(0, failed(full), hint)).splitlines()[0]
+    assert final.startswith("rank 0 could not write to the store while writing a checkpoint "
+                            "in epoch 3 (step 40 of the run): cannot "
+                            "write 4.0 MiB to file:///s/runs/r/checkpoints/ckpt-00003.tmp: "
+                            "ENOSPC (No space left on device) (not retried: a relaunch would "
+                            "meet the same store) " + hint), final
+    assert "before its first step" not in final
     # a store that could not be reached is another matter: it may come back
     gone = RankFailure(0, "StoreError: cannot open store s3://b/p: connection reset",
                        traceback="Traceback ...", status={"steps": 40},
