@@ -31,6 +31,43 @@ from typing import Any
 from sparkddl.errors import ClusterError
 from sparkddl.session.masters import master_slots
 
+# where Spark keeps a thread's job tags, comma-separated (SparkContext.SPARK_JOB_TAGS, 3.5+)
+JOB_TAGS_PROPERTY = "spark.job.tags"
+
+
+class ConfSnapshot:
+    """A SparkConf's entries as they were read: ``get`` and ``getAll`` as SparkConf's."""
+
+    def __init__(self, entries: dict[str, str]):
+        self.entries = entries
+
+    @classmethod
+    def parse(cls, text: str) -> "ConfSnapshot":
+        """SparkConf.toDebugString: sorted ``key=value`` lines; a line without '=' continues
+        the value before it (a value that holds a newline)."""
+        entries: dict[str, str] = {}
+        key: str | None = None
+        for line in text.split("\n"):
+            name, eq, value = line.partition("=")
+            # the lines are sorted by key: one that sorts before the last key continues it
+            if key is None or (eq and name and not any(c.isspace() for c in name)
+                               and name > key):
+                key = name
+                entries[key] = value
+            else:
+                entries[key] += "\n" + line
+        entries.pop("", None)
+        return cls(entries)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self.entries.get(key, default)
+
+    def contains(self, key: str) -> bool:
+        return key in self.entries
+
+    def getAll(self) -> list[tuple[str, str]]:  # noqa: N802 - SparkConf's name
+        return list(self.entries.items())
+
 
 @dataclass(frozen=True)
 class Inline:
@@ -81,9 +118,23 @@ class ClassicContext:
 
     def __init__(self, sc: Any):
         self.sc = sc
+        self._conf: ConfSnapshot | None = None
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.sc, name)
+
+    def getConf(self) -> "ConfSnapshot":  # noqa: N802 - SparkContext's name
+        """The context's conf, read once per context in one call to the JVM (pyspark's
+        ``getConf`` copies it entry by entry: ~120 calls, and a run asked seven times)."""
+        if self._conf is None:
+            self._conf = ConfSnapshot.parse(self.sc._conf.toDebugString())
+        return self._conf
+
+    def getJobTags(self) -> set[str]:  # noqa: N802 - SparkContext's name
+        """This thread's job tags in one call (pyspark walks a Java set, whose end costs a
+        Java exception: ~30 ms)."""
+        text = self.sc.getLocalProperty(JOB_TAGS_PROPERTY) or ""
+        return {tag for tag in text.split(",") if tag}
 
     def task_slots(self, profile: Any = None) -> int | None:
         jsc = self.sc._jsc.sc()
@@ -145,7 +196,7 @@ class ClassicContext:
         return rdd.barrier().mapPartitions(entry).collect()
 
     def channel_addresses(self) -> tuple[str, str]:
-        conf = self.sc.getConf()
+        conf = self.getConf()
         host = conf.get("spark.driver.host", "")
         return host, conf.get("spark.driver.bindAddress", host)
 

@@ -55,3 +55,15 @@ def test_local_cluster_shape_and_the_missing_module_named_from_spark_text():
     assert missing_module(text) == "sparkddl.task"
     assert missing_module("ValueError: boom") is None
     assert "PYSPARK_PYTHON" in missing_module_reason("torch")
+
+
+def test_a_conf_read_in_one_call_is_split_back_into_its_entries():
+    from sparkddl.session.cluster import ConfSnapshot
+    text = ("spark.app.name=a=b\nspark.driver.extraJavaOptions=-Da=1\n-Db=2 x=y\n"
+            "spark.master=local[2]\nzeta.custom=1")
+    conf = ConfSnapshot.parse(text)
+    assert conf.getAll() == [("spark.app.name", "a=b"),
+                             ("spark.driver.extraJavaOptions", "-Da=1\n-Db=2 x=y"),
+                             ("spark.master", "local[2]"), ("zeta.custom", "1")]
+    assert conf.get("spark.master") == "local[2]" and conf.get("nope", "d") == "d"
+    assert conf.contains("zeta.custom") and ConfSnapshot.parse("").getAll() == []
