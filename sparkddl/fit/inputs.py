@@ -97,8 +97,19 @@ def sample_through_transform(sample: dict[str, Any], config: TrainConfig
     return {k: v.numpy() for k, v in out.items()}, shapes.record()
 
 
-def fit_inputs(df: Any, model: Any, optimizer: Any, loss: Any, config: TrainConfig
-               ) -> FitInputs:
+@dataclass
+class Components:
+    """The model, optimizer, loss and scheduler, built and checked on the driver: nothing of
+    the data or the store yet (so it may run beside the check of the executors' Python)."""
+    factory: Callable[[], Any]
+    module: Any
+    optimizer: OptimizerRecipe
+    losses: Any  # one loss, or one per label
+    step_fn: LossFn
+    scheduler: SchedulerRecipe | None
+
+
+def fit_components(model: Any, optimizer: Any, loss: Any, config: TrainConfig) -> Components:
     factory = model_factory(model)
     module = build_module(factory)
     recipe = optimizer_recipe(optimizer)
@@ -118,6 +129,12 @@ def fit_inputs(df: Any, model: Any, optimizer: Any, loss: Any, config: TrainConf
     # before the data is prepared (which may take long); the real length comes later
     check_scheduler(schedule, recipe.build(module.parameters(), config.learning_rate),
                     config.epochs, optimizer_steps_per_epoch=1)
+    return Components(factory, module, recipe, losses, step_fn, schedule)
+
+
+def fit_inputs(df: Any, parts: Components, config: TrainConfig) -> FitInputs:
+    factory, module, recipe, losses = parts.factory, parts.module, parts.optimizer, parts.losses
+    step_fn, schedule = parts.step_fn, parts.scheduler
     store = Store.from_uri(config.store)
     store.check_shared()
     store.check_writable()

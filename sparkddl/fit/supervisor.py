@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import json
 import logging
 import time
 from contextlib import contextmanager
@@ -13,14 +12,10 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator
 
 from sparkddl import checkpoint, strategies
-from sparkddl.channel import messages as m
-from sparkddl.channel.server import Message
 from sparkddl.config import TrainConfig
 from sparkddl.data import PreparedData
 from sparkddl.data.choice import reader_modules
 from sparkddl.errors import (
-    CheckpointError,
-    ConfigError,
     JobCancelledError,
     TrainingFailedError,
     add_note,
@@ -30,104 +25,32 @@ from sparkddl.fit.bounded import bounded_jobs
 from sparkddl.fit.callbacks import Callbacks
 from sparkddl.fit.checks import ProblemInfo
 from sparkddl.fit.cluster_eval import ClusterEvaluator, check_free_slots, cluster_parts
+from sparkddl.fit.dispatch import Dispatch, attempt_phases
 from sparkddl.fit.elastic import check_elastic, resized
 from sparkddl.fit.evaluation import EvaluationResult, Fatal, SnapshotEvaluator, evaluation_mode
-from sparkddl.fit.inputs import check_best_by_early, fit_inputs, shard_plan
+from sparkddl.fit.inputs import (
+    Components,
+    check_best_by_early,
+    fit_components,
+    fit_inputs,
+    shard_plan,
+)
 from sparkddl.fit.progress import Progress
+from sparkddl.fit.records import record_phases, record_run, resume_hint, write_history
 from sparkddl.fit.restarts import Restart, RestartPolicy, record_restart, store_fault
 from sparkddl.fit.slots import forget_lost_executors, slots_back, world_after_failure
 from sparkddl.launch import preflight
 from sparkddl.launch.jobs import CallerScope, new_tag
 from sparkddl.launch.launcher import launch_ranks, new_run_id
-from sparkddl.launch.monitor import Handlers
 from sparkddl.launch.phases import Phases
 from sparkddl.session import cluster_context
+from sparkddl.session.probe import FIT_IMPORTS
 from sparkddl.store import Store
 from sparkddl.train.loop import train
 from sparkddl.train.metrics import best_mode, per_batch
 from sparkddl.train.spec import TrainSpec
 
 log = logging.getLogger(__name__)
-
-
-class _Dispatch:
-    """The fit's message handlers: the evaluator and the progress display; notes when
-    training resumes after a restart and how far the failed attempt had got."""
-
-    def __init__(self, evaluator: SnapshotEvaluator, progress: Progress):
-        self.evaluator, self.progress = evaluator, progress
-        self.steps = 0  # rank 0's latest global step count
-        self.pending: Restart | None = None
-        self.attempt = 0  # the current attempt: what earlier ones still send is dropped
-        self.recancelled = -1  # the attempt cancelled again after a fatal error
-        # an elastic fit on fewer ranks: epoch -> whether to stop and relaunch wider now
-        self.grow: Callable[[int], bool] | None = None
-        # this attempt's ranks that said hello, when the last of ``world`` did and when rank
-        # 0 reported its first step (time.perf_counter(); None: not yet)
-        self.world, self.hellos = 0, set[int]()
-        self.all_up_at: float | None = None
-        self.first_step_at: float | None = None
-
-    def attempt_started(self, world: int) -> None:
-        self.world, self.hellos, self.all_up_at, self.first_step_at = world, set(), None, None
-
-    def handlers(self, attempt: int) -> Handlers:
-        """The handlers of ``attempt``'s stage; they do nothing once it is not current."""
-        self.attempt = attempt
-
-        def fenced(handler: Any) -> Any:
-            def handle(msg: Message, body: Any) -> None:
-                if self.attempt != attempt:
-                    return
-                try:
-                    handler(msg, body)
-                except Exception:  # the channel logs it and goes on reading
-                    raise
-                except BaseException as exc:  # noqa: BLE001 - would end the thread reading this rank
-                    self.evaluator.abort(f"the driver's handler of {type(body).__name__} "
-                                         f"messages from rank {msg.rank}", exc, msg.reply)
-            return handle
-
-        return {kind: fenced(h) for kind, h in (
-            (m.Hello, self._hello), (m.Progress, self._progress), (m.Heartbeat, self._heartbeat),
-            (m.Epoch, self._epoch), (m.Snapshot, self._snapshot),
-            (m.Checkpoint, self._checkpoint))}
-
-    def _hello(self, msg: Message, body: m.Hello) -> None:
-        if body.role == "" and self.all_up_at is None:
-            self.hellos.add(msg.rank)
-            if len(self.hellos) >= self.world:
-                self.all_up_at = time.perf_counter()
-
-    def _progress(self, msg: Message, body: m.Progress) -> None:
-        if self.first_step_at is None:
-            self.first_step_at = time.perf_counter()
-        if self.pending is not None:
-            self.pending.resumed_at, self.pending = time.monotonic(), None
-        self.progress.update(body.epoch, body.step, body.loss)
-
-    def _heartbeat(self, msg: Message, body: m.Heartbeat) -> None:
-        if self.evaluator.fatal is not None and self.recancelled != self.attempt:
-            self.recancelled = self.attempt  # a stage submitted just after the fatal error's
-            self.evaluator.on_fatal()  # cancel (which only reaches running jobs): once
-
-        if msg.rank == 0:
-            self.steps = int(body.steps)
-
-    def _epoch(self, msg: Message, body: m.Epoch) -> None:
-        self.evaluator.record_epoch(body.row, msg.reply)  # it reports the row once complete
-        epoch = int(body.row["epoch"])
-        if self.grow is not None and self.grow(epoch):
-            self.grow = None  # asked once per attempt
-            log.info("the slots for every rank are back: the ranks stop after epoch %d, "
-                     "checkpoint, and are relaunched on all of them", epoch + 1)
-            msg.reply(m.Stop(epoch, regrow=True).header())
-
-    def _snapshot(self, msg: Message, body: m.Snapshot) -> None:
-        self.evaluator.submit(body, msg.payload, msg.reply)
-
-    def _checkpoint(self, msg: Message, body: m.Checkpoint) -> None:
-        self.evaluator.checkpointed(body.epoch)
 
 
 @dataclass
@@ -160,27 +83,32 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
     check_best_by_early(config)
     check_elastic(config)
     sc = cluster_context(spark)
-    preflight.check_cluster(sc, config.num_workers, config.use_gpu)
+    # the executors' Python is checked by a small job while the driver builds and checks the
+    # model and optimizer; nothing reaches the store or the data before it has passed
+    checked = preflight.start_cluster_checks(sc, config.num_workers, config.use_gpu,
+                                             FIT_IMPORTS)
     if config.evaluation == "cluster" and config.validation:
         check_free_slots(sc, config.num_workers)
     # unknown names and options; what the installed torch cannot run on these devices
     strategies.create(config.strategy, config.strategy_options).check_device(
         "cuda" if config.use_gpu else "cpu")
+    parts = fit_components(model, optimizer, loss, config)
+    checked()
     run_id = config.run_id or new_run_id()  # held even when new: a resume may name it
     with runlock.holding(Store.from_uri(config.store), run_id):
-        return _fit(spark, df, model, optimizer, loss, config, callbacks, run_id, phases)
+        return _fit(spark, df, parts, config, callbacks, run_id, phases)
 
 
-def _fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: TrainConfig,
+def _fit(spark: Any, df: Any, parts: Components, config: TrainConfig,
          callbacks: Callbacks | None, run_id: str, phases: Phases) -> FitResult:
     """The fit of run ``run_id``, once the driver's checks have passed."""
     sc = cluster_context(spark)
     phases.end("checks")
     with bounded_jobs(sc, config.timeout_s, "while preparing the data"):
-        inputs = fit_inputs(df, model, optimizer, loss, config)
+        inputs = fit_inputs(df, parts, config)
     store, data = inputs.store, inputs.data
     plan = shard_plan(data, config, config.num_workers, inputs.transform_shapes)
-    _record_run(store, run_id, data, config, plan.steps_per_epoch)
+    record_run(store, run_id, data, config, plan.steps_per_epoch)
     phases.end("data")  # listing, deciding in place or copy, materializing, planning
     mode = evaluation_mode(config, data.val)
     on_ranks = mode == "ranks"
@@ -218,14 +146,14 @@ def _fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Tra
         progress.close()
         evaluated = evaluator.close()
         phases.end("evaluation")  # what the driver still evaluated after the ranks ended
-        _write_history(store, run_id, evaluated.history)
+        write_history(store, run_id, evaluated.history)
     _end_if_fatal(evaluated.fatal, store, run_id)  # it came after the ranks' last message
     if evaluated.errors:
         log.warning("fit %s: %d snapshot(s) could not be evaluated on the driver: %s", run_id,
                     len(evaluated.errors), "; ".join(evaluated.errors))
     chosen = _choose(evaluated, config.final_weights, run_id)
     phases.end("end")
-    _record_phases(store, run_id, phases)
+    record_phases(store, run_id, phases)
     return FitResult(run_id=run_id, model_factory=inputs.factory, state=chosen.state,
                      chosen_epoch=chosen.epoch, history=evaluated.history, problem=inputs.problem,
                      best_by=inputs.best_by, epochs_done=summary["epochs_done"],
@@ -254,7 +182,7 @@ def _attempts(sc: Any, base: TrainSpec, config: TrainConfig, store: Store,
     start) while the policy allows, on fewer ranks if the slots are gone and minWorkers
     allows; its final error names every attempt."""
     restarts: list[Restart] = []
-    hook = _Dispatch(evaluator, progress)
+    hook = Dispatch(evaluator, progress)
     attempt, spec, resized_from = 0, base, None
     while True:
         _end_if_fatal(evaluator.fatal, store, spec.run_id)  # no attempt starts after it
@@ -282,7 +210,7 @@ def _attempts(sc: Any, base: TrainSpec, config: TrainConfig, store: Store,
                 watchdog_s=config.watchdog_s, warm_imports=reader_modules(spec.plan),
                 slot_wait_s=_slot_wait(config, policy),
                 description=f"sparkddl fit {spec.run_id} attempt {attempt}")
-            _attempt_phases(phases, hook)
+            attempt_phases(phases, hook)
             if not summary.get("regrow"):
                 return summary, restarts
             restarts.append(Restart(attempt, f"grew back from {spec.config.num_workers} to "
@@ -291,15 +219,15 @@ def _attempts(sc: Any, base: TrainSpec, config: TrainConfig, store: Store,
             hook.pending = restarts[-1]
             resized_from, spec = spec.config.num_workers, base
         except JobCancelledError as exc:
-            _attempt_phases(phases, hook)
+            attempt_phases(phases, hook)
             hook.attempt = -1  # nothing the cancelled ranks still send counts
             _end_if_fatal(evaluator.fatal, store, spec.run_id)  # it cancelled the stage
-            raise JobCancelledError(f"{exc} {_resume_hint(store, spec.run_id)}") from exc
+            raise JobCancelledError(f"{exc} {resume_hint(store, spec.run_id)}") from exc
         except TrainingFailedError as exc:
-            _attempt_phases(phases, hook)
+            attempt_phases(phases, hook)
             hook.attempt = -1
             _end_if_fatal(evaluator.fatal, store, spec.run_id)  # its cancel broke the ranks
-            hint = _resume_hint(store, spec.run_id) if store_fault(exc) else ""
+            hint = resume_hint(store, spec.run_id) if store_fault(exc) else ""
             final = policy.final_error(attempt, exc, hint)
             if final is not None:
                 raise final from exc
@@ -336,7 +264,7 @@ def _end_if_fatal(fatal: Fatal | None, store: Store, run_id: str) -> None:
     it came from."""
     if fatal is None:
         return
-    hint = _resume_hint(store, run_id)
+    hint = resume_hint(store, run_id)
     if isinstance(fatal.error, KeyboardInterrupt):
         raise JobCancelledError(f"fit {run_id} was cancelled: {fatal.where} raised "
                                 "KeyboardInterrupt, which sparkddl takes as a cancel; the "
@@ -370,73 +298,6 @@ def _grow_check(sc: Any, config: TrainConfig) -> Callable[[int], bool]:
         return epoch + 1 < config.epochs and \
             slots_back(sc, config.num_workers, config.use_gpu)
     return grow
-
-
-def _attempt_phases(phases: Phases, hook: _Dispatch) -> None:
-    """An attempt's stage, in three: ``launch`` until every rank said hello (the tasks
-    scheduled, their Python workers up), ``start`` until rank 0's first step (rendezvous,
-    the model built and wrapped, the first batch read), ``training`` to the stage's end."""
-    phases.end("launch", hook.all_up_at)
-    phases.end("start", hook.first_step_at)
-    phases.end("training")
-
-
-def _record_phases(store: Store, run_id: str, phases: Phases) -> None:
-    """The fit's phases, logged in one line and kept in runs/<id>/run.json ("phases": the
-    latest fit's of this run id)."""
-    log.info("fit %s in %s", run_id, phases.line())
-    url = store.run_url(run_id, "run.json")
-    try:
-        record = json.loads(store.read_bytes(url))
-        record["phases"] = phases.rounded()
-        store.write_bytes(url, json.dumps(record).encode())
-    except Exception as exc:  # noqa: BLE001 - the fit's outcome stands without it
-        log.warning("could not record the phases of run %s: %s", run_id, exc)
-
-
-def _resume_hint(store: Store, run_id: str) -> str:
-    ref = checkpoint.latest_good(store, run_id)
-    if ref is None:
-        return "No checkpoint was written yet."
-    return (f"The last checkpoint ({ref.epoch} epoch(s) done) is kept: fit again with "
-            f"runId={run_id!r} to resume from it.")
-
-
-def _record_run(store: Store, run_id: str, data: PreparedData, config: TrainConfig,
-                steps_per_epoch: int) -> None:
-    """runs/<id>/run.json: what the run trains on and how it is laid out, so a resume by run
-    id can check both (a checkpoint's position and per-rank state fit only that layout)."""
-    url = store.run_url(run_id, "run.json")
-    layout = {"fingerprint": data.fingerprint, "num_workers": config.num_workers,
-              "batch_size": config.batch_size, "steps_per_epoch": steps_per_epoch}
-    if not store.exists(url):
-        store.write_bytes(url, json.dumps({"run_id": run_id, "created": time.time(),
-                                           **layout}).encode())
-        return
-    try:
-        previous = json.loads(store.read_bytes(url))
-        if not isinstance(previous, dict):
-            raise ValueError(f"a JSON {type(previous).__name__}, not an object")
-    except ValueError as exc:  # json.JSONDecodeError, UnicodeDecodeError
-        raise CheckpointError(f"run {run_id}: {url} is not the JSON sparkddl writes ({exc}), so "
-                              "the run cannot be checked for resuming; delete that file (this "
-                              "fit then records its setup again and resumes from the run's "
-                              "checkpoints), or leave runId unset to start a new run") from None
-    changed = {k: (previous.get(k), v) for k, v in layout.items() if previous.get(k) != v}
-    if changed:
-        what = ", ".join(f"{k} {old} -> {new}" for k, (old, new) in changed.items())
-        raise ConfigError(f"run {run_id} cannot be resumed with a different setup ({what}); "
-                          "use the same data, numWorkers and batchSize, or leave runId unset "
-                          "to start a new run")
-
-
-def _write_history(store: Store, run_id: str, history: list[dict[str, Any]]) -> None:
-    """runs/<id>/history.json, also when the fit failed: what was evaluated so far."""
-    try:
-        store.write_bytes(store.run_url(run_id, "history.json"),
-                          json.dumps(history, indent=1, default=str).encode())
-    except Exception as exc:  # noqa: BLE001 - never mask the fit's own outcome
-        log.warning("could not write the history of run %s: %s", run_id, exc)
 
 
 def _choose(evaluated: EvaluationResult, final_weights: str, run_id: str) -> Any:

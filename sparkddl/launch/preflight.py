@@ -9,12 +9,12 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from sparkddl.errors import ClusterError, ConfigError
 from sparkddl.session import ClassicContext, cluster_context
 from sparkddl.session.masters import local_cluster
-from sparkddl.session.probe import check_executor_python
+from sparkddl.session.probe import start_check
 
 log = logging.getLogger(__name__)
 
@@ -253,11 +253,24 @@ def stage_profile(sc: Any, use_gpu: bool) -> Any:
 def check_cluster(sc: Any, num_workers: int, use_gpu: bool) -> None:
     """Every check that needs the cluster; says in one line how the ranks get GPUs. The
     session's conf is checked first (dynamic allocation refuses at once, with no Spark job
-    and no wait for an executor), then the executors' Python, by one small task (once per
+    and no wait for an executor), then the executors' Python, by a small job (once per
     session)."""
+    start_cluster_checks(sc, num_workers, use_gpu)()
+
+
+def start_cluster_checks(sc: Any, num_workers: int, use_gpu: bool,
+                         warm: tuple[str, ...] = ()) -> Callable[[], None]:
+    """:func:`check_cluster`, whose check of the executors' Python goes on beside the
+    caller's own work until the caller calls what this returns (``warm``: imported by the
+    check's tasks, whose Python workers the ranks get)."""
     sc = cluster_context(sc)
     check_dynamic_allocation(dict(sc.getConf().getAll()), sc.master)
-    check_executor_python(sc)
+    wait = start_check(sc, num_workers, warm)
+    _check_slots_and_gpus(sc, num_workers, use_gpu)
+    return wait
+
+
+def _check_slots_and_gpus(sc: Any, num_workers: int, use_gpu: bool) -> None:
     if sc.task_slots() is None:  # what the session's conf and master's name tell
         check_gpu_conf(dict(sc.getConf().getAll()), use_gpu)
         slots = sc.named_slots()

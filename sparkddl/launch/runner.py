@@ -90,7 +90,8 @@ def launch(fn: Callable[..., Any] | str | os.PathLike, args: tuple, kwargs: dict
     preflight.check_num_workers(num_workers, workers_name)
     positive_seconds("timeout", timeout)
     optional_positive_int("torch_threads", torch_threads)
-    preflight.check_cluster(sc, num_workers, use_gpu)
+    # one check task per rank: the ranks get Python workers with torch imported
+    preflight.start_cluster_checks(sc, num_workers, use_gpu)()
     run_id = new_run_id()
     name = (os.path.basename(fn.path) if isinstance(fn, Script)
             else getattr(fn, "__qualname__", type(fn).__name__))

@@ -44,10 +44,10 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
         steps_per_rank (list[int]): optimizer steps each rank took.
         fit_time_s (float): the fit's wall-clock seconds.
         phases (dict[str, float]): where those seconds went, in order: ``checks`` (the
-            session and the executors' Python), ``data`` (listing, materializing, planning),
-            ``launch`` (until every rank's task has started), ``start`` (until rank 0's
-            first step), ``training``, ``evaluation`` (what the driver still evaluated
-            after the ranks ended) and ``end``.
+            session, the executors' Python, the model and optimizer), ``data`` (listing,
+            materializing, planning), ``launch`` (until every rank's task has started),
+            ``start`` (until rank 0's first step), ``training``, ``evaluation`` (what the
+            driver still evaluated after the ranks ended) and ``end``.
         restarts (list[dict]): one dict per failed attempt: reason, checkpoint resumed from,
             steps redone, recovery_s.
         input_specs (tuple): the model's inputs per row.

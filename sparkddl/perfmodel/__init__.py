@@ -16,6 +16,7 @@ from sparkddl.perfmodel import memory
 from sparkddl.perfmodel.calibrate import Candidate, calibrate
 from sparkddl.perfmodel.predict import Model, Prediction
 from sparkddl.session import cluster_context
+from sparkddl.session.probe import FIT_IMPORTS
 from sparkddl.store import Store
 from sparkddl.train.components import model_factory, optimizer_recipe, resolve_loss
 from sparkddl.train.spec import TrainSpec
@@ -51,7 +52,7 @@ def run_calibration(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any,
     sc = cluster_context(spark)
     preflight.check_num_workers(calibration_workers)
     workers = preflight.available_workers(sc, calibration_workers)
-    preflight.check_cluster(sc, workers, config.use_gpu)
+    preflight.start_cluster_checks(sc, workers, config.use_gpu, FIT_IMPORTS)()
     store = Store.from_uri(config.store)
     data = prepare_data(df, config, store, workers)
     # calibration runs outside train(), whose end frees an epoch cache: none here

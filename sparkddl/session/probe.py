@@ -2,11 +2,14 @@
 
 Without it, an executor Python that lacks sparkddl (``PYSPARK_PYTHON`` unset, so Spark starts
 ``python3`` from the PATH) first fails deep inside the data preparation job, as two hundred
-lines of Java and Python traceback ending in ``ModuleNotFoundError``. One task of one
-partition instead imports sparkddl and torch on an executor and reports the Python it runs,
-the versions it found and what failed; the driver compares them with its own and raises a
-:class:`~sparkddl.errors.ClusterError` naming the executors' Python, what is missing or
-different, and the fix. Checked once per session and executor Python.
+lines of Java and Python traceback ending in ``ModuleNotFoundError``. A small job (one task
+per rank to come) instead imports sparkddl and torch on the executors and reports the Python
+it runs, the versions it found and what failed; the driver compares them with its own and
+raises a :class:`~sparkddl.errors.ClusterError` naming the executors' Python, what is missing
+or different, and the fix. Checked once per session and executor Python, on a thread of its
+own while the driver checks the model and optimizer; nothing touches the data or the store
+before it has passed. Its tasks leave their Python workers with torch (and, for a fit, what
+a rank imports first) loaded, and Spark hands those workers to the ranks.
 
 The probe function is built so that cloudpickle sends its code by value: the executor does
 not need sparkddl to unpickle it (a function of a sparkddl module would be pickled by
@@ -17,7 +20,8 @@ from __future__ import annotations
 import json
 import logging
 import sys
-from typing import Any
+import threading
+from typing import Any, Callable
 
 from sparkddl.errors import ClusterError
 from sparkddl.session.masters import missing_module
@@ -27,7 +31,15 @@ log = logging.getLogger(__name__)
 SKIP_KEY = "spark.sparkddl.checkExecutorPython"
 _checked: set[tuple[str, str]] = set()  # (session, executor Python) pairs found good
 
+# what a fit's ranks import first, imported by the probe too where a fit asks: Spark reuses a
+# task's Python worker for the next task, so the ranks that follow start with them loaded
+# (torch.optim's first optimizer imports torch._dynamo: ~1.4 s on a 2-core machine)
+FIT_IMPORTS = ("sparkddl.task.bootstrap", "sparkddl.train.loop", "torch._dynamo")
+
 _PROBE_SOURCE = '''
+WARM = ()
+
+
 def probe(rows):
     import importlib
     import json
@@ -41,6 +53,12 @@ def probe(rows):
         except BaseException as exc:
             found[name] = None
             found[name + "_error"] = "%s: %s" % (type(exc).__name__, exc)
+    if found["sparkddl"] and found["torch"]:
+        for name in WARM:
+            try:
+                importlib.import_module(name)
+            except Exception:  # the rank that needs it says why
+                pass
     yield json.dumps(found)
 
 
@@ -51,10 +69,12 @@ def arrow_probe(batches):
 '''
 
 
-def _probe_function(name: str) -> Any:
-    """``probe`` (an RDD's mapPartitions) or ``arrow_probe`` (Connect's mapInArrow)."""
+def _probe_function(name: str, warm: tuple[str, ...] = ()) -> Any:
+    """``probe`` (an RDD's mapPartitions) or ``arrow_probe`` (Connect's mapInArrow), which
+    also imports ``warm`` once sparkddl and torch import."""
     namespace: dict[str, Any] = {"__name__": "sparkddl_executor_probe"}
     exec(compile(_PROBE_SOURCE, "<sparkddl executor probe>", "exec"), namespace)  # noqa: S102
+    namespace["WARM"] = tuple(warm)
     return namespace[name]
 
 
@@ -81,26 +101,67 @@ def _session_key(ctx: Any) -> str:
 def check_executor_python(ctx: Any) -> None:
     """Raise ClusterError unless an executor imports sparkddl and torch at the driver's
     versions (``spark.sparkddl.checkExecutorPython=false`` skips it)."""
+    start_check(ctx)()
+
+
+def start_check(ctx: Any, tasks: int = 1, warm: tuple[str, ...] = ()) -> Callable[[], None]:
+    """Start the check of the executors' Python on a thread of its own, so that the driver's
+    own work goes on beside it, and return what waits for it (and raises its ClusterError).
+    ``tasks`` tasks run it, which leaves that many Python workers with sparkddl, torch and
+    ``warm`` imported for the ranks that follow. Nothing to wait for where this session's
+    executor Python was checked already or the check is off."""
     if str(ctx.getConf().get(SKIP_KEY, "true")).lower() == "false":
-        return
+        return _nothing
     python = executor_python_conf(ctx)
     key = (_session_key(ctx), python)
     if key in _checked:
-        return
+        return _nothing
+    group, tags = ctx.job_group(), ctx.getJobTags()
+    outcome: list[BaseException | None] = []
+
+    def check() -> None:
+        try:  # the caller's job group and tags: cancelling them cancels the check too
+            ctx.enter_group(group, "sparkddl: the executors' Python check")
+            for tag in tags:
+                ctx.addJobTag(tag)
+            _check(ctx, python, key, max(1, tasks), warm)
+            outcome.append(None)
+        except BaseException as exc:  # noqa: BLE001 - raised again by the caller's wait
+            outcome.append(exc)
+
+    thread = threading.Thread(target=check, daemon=True, name="sparkddl-executor-check")
+    thread.start()
+
+    def wait() -> None:
+        thread.join()
+        if outcome and outcome[0] is not None:
+            raise outcome[0]
+
+    return wait
+
+
+def _nothing() -> None:
+    pass
+
+
+def _check(ctx: Any, python: str, key: tuple[str, str], tasks: int,
+           warm: tuple[str, ...]) -> None:
     fix = (f"the executors run {python}. Point PYSPARK_PYTHON (or spark.pyspark.python) at "
            f"a Python with sparkddl installed, e.g. this driver's: {sys.executable}; on a "
            "cluster, install the same sparkddl and torch on every node (cluster libraries "
            f"on Databricks), or set {SKIP_KEY}=false to skip this check")
     try:
-        found = json.loads(_run_probe(ctx))
+        reports = [json.loads(text) for text in _run_probe(ctx, tasks, warm)]
     except Exception as exc:  # noqa: BLE001 - the executors could not even run the probe
-        raise ClusterError(f"the executors' Python {_failure(str(exc))} (one task run "
-                           f"before training found it); {fix}") from None
-    problems = _compare(found)
-    if problems:
-        raise ClusterError(f"the executors' Python ({found.get('python')}, Python "
-                           f"{found.get('version')}) {'; '.join(problems)}; {fix}")
+        raise ClusterError(f"the executors' Python {_failure(str(exc))} (a task run before "
+                           f"training found it); {fix}") from None
+    for found in reports:
+        problems = _compare(found)
+        if problems:
+            raise ClusterError(f"the executors' Python ({found.get('python')}, Python "
+                               f"{found.get('version')}) {'; '.join(problems)}; {fix}")
     _checked.add(key)
+    found = reports[0]
     log.info("executors' Python %s: sparkddl %s, torch %s", found["python"],
              found["sparkddl"], found["torch"])
 
@@ -118,13 +179,14 @@ def _compare(found: dict[str, Any]) -> list[str]:
     return problems
 
 
-def _run_probe(ctx: Any) -> str:
+def _run_probe(ctx: Any, tasks: int = 1, warm: tuple[str, ...] = ()) -> list[str]:
+    """What each of ``tasks`` tasks found."""
     if getattr(ctx, "is_connect", False):
-        [row] = ctx.spark.range(0, 1, 1, 1).mapInArrow(_probe_function("arrow_probe"),
-                                                       "found string").collect()
-        return str(row["found"])
-    [text] = ctx.sc.parallelize([0], 1).mapPartitions(_probe_function("probe")).collect()
-    return str(text)
+        rows = ctx.spark.range(0, tasks, 1, tasks).mapInArrow(
+            _probe_function("arrow_probe", warm), "found string").collect()
+        return [str(row["found"]) for row in rows]
+    return [str(text) for text in ctx.sc.parallelize(range(tasks), tasks).mapPartitions(
+        _probe_function("probe", warm)).collect()]
 
 
 def _failure(text: str) -> str:

@@ -16,9 +16,11 @@ from sparkddl.channel.server import Message
 from sparkddl.errors import JobCancelledError, TrainingFailedError
 from sparkddl.fit import supervisor as fit_module
 from sparkddl.fit.callbacks import CallbackInterrupt, Callbacks
+from sparkddl.fit.dispatch import Dispatch
 from sparkddl.fit.evaluation import SnapshotEvaluator
 from sparkddl.fit.progress import Progress
 from sparkddl.fit.restarts import RestartPolicy
+from sparkddl.launch.phases import Phases
 from sparkddl.store import Store
 from sparkddl.train.steps import LossFn
 
@@ -191,7 +193,7 @@ def test_a_system_exit_is_raised_again_naming_the_callback(tmp_path):
 def test_a_base_exception_in_a_fit_handler_is_fatal_and_keeps_the_channel_reading(tmp_path):
     stops: list[float] = []
     ev = evaluator(tmp_path, [], stops)
-    dispatch = fit_module._Dispatch(ev, Progress(8, 10, enabled=False))
+    dispatch = Dispatch(ev, Progress(8, 10, enabled=False))
 
     def grow(epoch: int) -> bool:
         raise KeyboardInterrupt
@@ -248,7 +250,7 @@ def test_no_attempt_starts_after_a_fatal_error(tmp_path, monkeypatch, stage_rais
     with pytest.raises(JobCancelledError, match="raised KeyboardInterrupt") as info:
         unwrapped_fails(lambda: fit_module._attempts(
             None, spec, config, Store.from_uri(tmp_path), ev, Progress(8, 10, enabled=False),
-            policy, lambda c: None))
+            policy, lambda c: None, Phases()))
     assert launches == [0], "an attempt started after the fatal error"
     assert isinstance(info.value.__cause__, KeyboardInterrupt)
     ev.close()
