@@ -44,7 +44,7 @@ PROBE_KEYS = ("spark.worker.resource.gpu.amount", "spark.worker.resource.gpu.dis
               "spark.executor.resource.gpu.amount",
               "spark.executor.resource.gpu.discoveryScript", "spark.task.resource.gpu.amount",
               "spark.executorEnv.CUDA_VISIBLE_DEVICES", "spark.dynamicAllocation.enabled",
-              "spark.dynamicAllocation.shuffleTracking.enabled")
+              "spark.dynamicAllocation.shuffleTracking.enabled", "spark.python.daemon.module")
 
 
 def session(master: str, conf: dict):
@@ -208,8 +208,31 @@ def dynamic_main() -> dict:
         spark.stop()
 
 
-MODES = {"gpu": gpu_main, "gpu_profile": gpu_profile_main, "real_gpu": real_gpu_main,
-         "dynamic": dynamic_main}
+def preloaded(_):
+    """Whether torch was imported before this task's code ran (its worker's doing)."""
+    import sys
+    yield "torch" in sys.modules
+
+
+def trivial_rank() -> str:
+    import os
+    return os.environ["RANK"]
+
+
+def daemon_main() -> dict:
+    """``spark.python.daemon.module=sparkddl.task.daemon``: the application's first Python
+    workers start with torch imported, and a run works on them."""
+    spark = session("local[2]", {"spark.python.daemon.module": "sparkddl.task.daemon"})
+    try:
+        first = spark.sparkContext.parallelize(range(2), 2).mapPartitions(preloaded).collect()
+        return {"preloaded": first,
+                "run": sparkddl.run(trivial_rank, num_workers=2, spark=spark)}
+    finally:
+        spark.stop()
+
+
+MODES = {"daemon": daemon_main, "gpu": gpu_main, "gpu_profile": gpu_profile_main,
+         "real_gpu": real_gpu_main, "dynamic": dynamic_main}
 
 
 def main(modes: list) -> None:

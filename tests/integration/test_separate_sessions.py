@@ -17,8 +17,8 @@ import pytest
 from tests.stacks import needs_gpu
 
 ROOT = Path(__file__).resolve().parents[2]
-# the modes the CPU tests read, run by one subprocess: ~25 s, ~25 s and ~5 s on 2 cores
-SHARED_MODES = ("gpu", "gpu_profile", "dynamic")
+# the modes the CPU tests read, run by one subprocess: ~25 s, ~25 s, ~5 s and ~10 s on 2 cores
+SHARED_MODES = ("gpu", "gpu_profile", "dynamic", "daemon")
 SHARED_TIMEOUT_S = 420
 
 
@@ -111,3 +111,12 @@ def test_dynamic_allocation_is_refused_before_launch(shared):
     out = result(shared, "dynamic")
     assert out["error"] and "spark.dynamicAllocation.enabled=false" in out["error"]
     assert out["jobs"] == 0  # refused from the conf alone: no Spark job ran first
+
+
+@pytest.mark.timeout(SHARED_TIMEOUT_S + 60)
+def test_a_worker_daemon_that_preloads_torch(shared):
+    out = result(shared, "daemon")
+    # the application's very first Python workers: pyspark's own daemon has not imported
+    # torch in them
+    assert out["preloaded"] == [True, True], out
+    assert out["run"] == "0", out
