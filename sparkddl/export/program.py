@@ -99,6 +99,7 @@ def export(module: Any, inputs: tuple[InputSpec, ...]) -> Program:
     batch = Dim("batch", max=2**31 - 1)
     was_training = module.training
     module.eval()
+    _forget_earlier_exports()
     try:
         program = torch_export(module, examples,
                                dynamic_shapes=tuple({0: batch} for _ in examples))
@@ -115,6 +116,20 @@ def export(module: Any, inputs: tuple[InputSpec, ...]) -> Program:
                     "TorchModel.load(path, trusted=True)", why)
     return Program(artifact.exported_program, artifact.constants, artifact.example_inputs,
                    tuple(n for n, _ in module.named_parameters()), trusted=True)
+
+
+def _forget_earlier_exports() -> None:
+    """torch.export traces every module through one wrapper frame (dynamo's ``wrap_inline``);
+    torch 2.6 keeps that frame's cache entries after the exported modules are gone, so the
+    ninth export of a process fails with ``RecompileLimitExceeded: cache_size_limit reached``
+    (seen on Databricks 16.4 LTS ML's torch: a notebook's ninth fit saved no program). Its
+    entries belong to exports only: cleared before each, nothing else is recompiled."""
+    try:
+        from torch._dynamo import reset_code  # pyright: ignore[reportPrivateImportUsage] - there on 2.6-2.13
+        from torch._dynamo.external_utils import wrap_inline
+    except ImportError:  # a torch without them keeps no such cache
+        return
+    reset_code(wrap_inline(lambda: None).__code__)
 
 
 def load(program: Program, state: dict[str, Any], device: Any = "cpu") -> Any:

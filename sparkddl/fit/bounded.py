@@ -36,11 +36,13 @@ def bounded_jobs(sc: Any, timeout_s: float | None, what: str) -> Iterator[None]:
         yield
     except KeyboardInterrupt as exc:
         sc.cancelJobsWithTag(tag)
+        sc.after_cancel()
         raise JobCancelledError(f"interrupted {what} (KeyboardInterrupt); its Spark jobs "
                                 "were cancelled") from exc
     except Exception as exc:
         text = str(exc).strip()
         if expired.is_set():
+            sc.after_cancel()  # before the session's next jobs
             raise TrainingFailedError(
                 [], spark_error=text.splitlines()[0][:500] if text else "",
                 reason=f"timed out after {timeout_s:g}s {what} (its Spark jobs were "

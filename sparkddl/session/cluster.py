@@ -20,6 +20,8 @@ ask instead of testing which kind they hold:
 - ``driver_gpus()``: the GPUs Spark gave the driver, or None (a Connect client: none here);
 - ``arrow_udfs``: whether UDFs may take and give Arrow arrays (``arrow_udf``: Spark 4.1 on
   both sides; pandas UDFs otherwise);
+- ``after_cancel()``: what a session needs after sparkddl cancelled a job of Python tasks
+  (Spark 3.5: its pool of Python workers cleared of closed ones);
 - ``has_jvm``: pyspark's JVM-backed helpers (Hadoop paths, MLWriter's overwrite) work here.
 """
 from __future__ import annotations
@@ -30,6 +32,14 @@ from typing import Any
 
 from sparkddl.errors import ClusterError
 from sparkddl.session.masters import master_slots
+
+# jobs run at most to clear closed Python workers out of Spark 3.5's pool after a cancel
+HEAL_JOBS = 3
+
+
+def _nothing(rows: Any) -> Any:
+    return iter(())
+
 
 # where Spark keeps a thread's job tags, comma-separated (SparkContext.SPARK_JOB_TAGS, 3.5+)
 JOB_TAGS_PROPERTY = "spark.job.tags"
@@ -211,3 +221,20 @@ class ClassicContext:
 
     def set_log_level(self, level: str) -> None:
         self.sc.setLogLevel(level)
+
+    def after_cancel(self) -> None:
+        """Once a job whose tasks ran Python was cancelled with interruption: on Spark 3.5
+        the killed tasks' Python workers can go back to the idle pool with their sockets
+        closed, and the next Python tasks that take them fail with "java.net.SocketException:
+        Socket is closed" (in local mode, where a task is not retried, the next fit of the
+        session failed so). Small jobs take those workers out of the pool, until one runs
+        clean. Spark 4's runner does not pool them."""
+        if at_least(self.sc.version, (4, 0)):
+            return
+        tasks = max(1, int(self.sc.defaultParallelism))
+        for _ in range(HEAL_JOBS):
+            try:
+                self.sc.parallelize(range(tasks), tasks).mapPartitions(_nothing).count()
+                return
+            except Exception:  # noqa: BLE001 - a closed worker taken out: try again
+                continue

@@ -97,6 +97,9 @@ class ConnectContext:
     def set_log_level(self, level: str) -> None:
         pass  # the server's logs are the server's
 
+    def after_cancel(self) -> None:
+        pass  # the server's Python workers are the server's
+
     def run_barrier(self, entry: Any, num_workers: int, profile: Any = None) -> list[bytes]:
         """Run ``entry(rows) -> iterator of bytes`` as a barrier stage of ``num_workers``
         tasks (under this thread's tags); what each task yielded, in rank order. ``profile``

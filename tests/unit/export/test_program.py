@@ -113,3 +113,16 @@ def test_tampered_program_tensors_are_refused_not_unpickled(tmp_path):
         assert not marker.exists()
         store.write_bytes(store.url(name), good)
     assert not os.path.exists(marker)
+
+
+@pytest.mark.timeout(120)
+def test_a_process_exports_model_after_model():
+    """torch 2.6 (Databricks 16.4 LTS ML) refused a process's ninth export with
+    RecompileLimitExceeded: its tracing wrapper's cache outlived the models."""
+    for width in range(10):
+        module = torch.nn.Sequential(torch.nn.Linear(6, 8 + width), torch.nn.ReLU(),
+                                     torch.nn.Linear(8 + width, 3))
+        program = exported.export(module, SPECS)
+        x = torch.randn(5, 6)
+        assert torch.allclose(exported.load(program, module.state_dict())(x), module(x),
+                              atol=1e-6), width

@@ -239,7 +239,8 @@ def test_the_logged_models_predict_as_transform_where_sparkddl_is_absent_for_eac
         expected[task] = _expected(model, frame)
         with mlflow.start_run() as run:
             uri = tracking.log_model(model, run.info.run_id, schema,
-                                     frame.head(3).map(lambda v: [int(x) for x in v]))
+                                     frame.head(3).apply(
+                                         lambda c: c.map(lambda v: [int(x) for x in v])))
         info = mlflow.models.get_model_info(uri)
         assert info.flavors["python_function"]["loader_module"].startswith(
             "sparkddl_portable_"), task
