@@ -61,8 +61,12 @@ def row_group_bytes(sc: Any, preferred: int, smallest: int = 1 << 20) -> int:
     return chosen
 
 
-# how Spark's uncaught-exception handler ends a JVM that ran out of memory
+# how Spark's uncaught-exception handler ends a JVM that ran out of memory, and one whose
+# task thread died of another error: Spark 3.5 wraps a task's OutOfMemoryError met while
+# reading a file in a SparkException ("Encountered error while reading file"), so its JVM
+# ends with 50 where Spark 4 ends with 52
 OOM_EXIT_CODE = 52
+UNCAUGHT_EXIT_CODE = 50
 JVM_EXIT_WAIT_S = 10.0
 # what Spark's error says when a file it listed is gone before a task reads it (a lost
 # shuffle file, under a blockmgr- folder, is no input's)
@@ -91,13 +95,18 @@ def job_errors(sc: Any, what: str) -> Iterator[None]:
             raise DataError(f"{what} failed: a file the DataFrame reads is gone ({gone[:300]}); "
                             "it was deleted or overwritten after the DataFrame was defined: "
                             "define the DataFrame again (spark.read...) and fit on that") from None
-        died = _exit_code(gateway, exc) == OOM_EXIT_CODE
+        code = _exit_code(gateway, exc)
+        died = code in (OOM_EXIT_CODE, UNCAUGHT_EXIT_CODE)
         if "OutOfMemoryError" not in text and not died:
             raise
         flag = "--driver-memory" if key == "spark.driver.memory" else "--executor-memory"
         seen = next((line.strip() for line in text.splitlines() if "OutOfMemoryError" in line),
                     "java.lang.OutOfMemoryError")
         ended = "; the driver JVM exited with it, start a new session" if died else ""
+        if code == UNCAUGHT_EXIT_CODE and "OutOfMemoryError" not in text:
+            seen = ("the driver JVM exited with code 50, which Spark 3.5 gives a task's "
+                    "java.lang.OutOfMemoryError met while reading a file")
+            ended = "; start a new session"
         raise ClusterError(
             f"{what} ran out of Java heap with {key}={value} shared by {tasks} tasks at once on "
             f"{master} ({seen[:300]}{ended}); raise {key} (the preset's [spark].conf, "

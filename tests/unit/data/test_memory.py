@@ -57,3 +57,31 @@ def test_row_groups_shrink_until_every_open_writer_fits_the_heap():
                                   preferred) == preferred
     assert memory.row_group_bytes(Context("local[64]", 64, spark_driver_memory="512m"),
                                   preferred) == 1 << 20
+
+
+def test_a_driver_jvm_that_spark_3_5_ended_for_a_tasks_heap_names_the_setting():
+    """Spark 3.5 wraps a task's OutOfMemoryError met while reading a file, so its driver JVM
+    ends with exit code 50 (uncaught error), where Spark 4 ends with 52: both are the heap."""
+    from types import SimpleNamespace
+
+    import pytest
+    from py4j.protocol import Py4JError
+
+    from sparkddl.data.memory import job_errors
+    from sparkddl.errors import ClusterError
+
+    def context(code: int) -> SimpleNamespace:
+        proc = SimpleNamespace(wait=lambda timeout: code)
+        return SimpleNamespace(master="local[2]", defaultParallelism=2,
+                               _gateway=SimpleNamespace(proc=proc),
+                               getConf=lambda: {"spark.driver.memory": "512m"})
+
+    for code in (50, 52):
+        with pytest.raises(ClusterError, match=r"sizing the training data ran out of Java heap "
+                                               r"with spark\.driver\.memory=512m shared by 2 "
+                                               r"tasks at once on local\[2\] .*OutOfMemoryError"):
+            with job_errors(context(code), "sizing the training data"):
+                raise Py4JError("py4j does not exist in the JVM")
+    with pytest.raises(Py4JError):  # any other end of the JVM is not called a heap
+        with job_errors(context(1), "sizing the training data"):
+            raise Py4JError("py4j does not exist in the JVM")
