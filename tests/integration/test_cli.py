@@ -148,9 +148,11 @@ def test_plan_calibrates_and_predicts_every_strategy(spark_local, tmp_path, caps
     assert all(r[-1].strip() in ("compute", "communication", "input") for r in rows)
     from sparkddl.strategies.fsdp import fsdp_problem
     assert ("fsdp" in strategies) == (fsdp_problem("cpu") is None)  # timed where it runs
-    mem = table_rows(mem_printed)  # every strategy and fsdp, for 1, 2 and 8 workers
-    assert {r[0].strip() for r in mem} == strategies | {"fsdp"}
-    assert len(mem) == 3 * len(strategies | {"fsdp"})
+    # every strategy, fsdp and ssp too (their memory is told where they are not timed), for
+    # 1, 2 and 8 workers
+    mem = table_rows(mem_printed)
+    assert {r[0].strip() for r in mem} == strategies | {"fsdp", "ssp"}
+    assert len(mem) == 3 * len(strategies | {"fsdp", "ssp"})
     number = lambda cell: float(cell.replace(",", ""))  # noqa: E731
     for r in mem:  # peak = the parts; a digits MLP fits a rank of this machine
         runtime, model, acts, temps, extra, reader, epoch_end = map(number, r[3:10])
