@@ -25,6 +25,7 @@ STACKS ?= dbr-16.4-ml emr-7 dbr-17.3-ml fabric-2.0 current
 # readers (Delta, Iceberg); torch's APIs (the training step, FSDP2, torch.export, SSP's refusal
 # where TCPStore has no queues: SSP itself needs torch 2.13, the Petastorm stack's);
 # Spark Connect; `run`, the TorchDistributor drop-in and the first fit through Spark;
+# transform reading a Parquet table where it lies (_metadata.row_index: Spark 3.5; Arrow UDFs);
 # the platforms' install lines (docs/install.md) against the stacks that mirror them
 VERSION_TESTS ?= tests/unit/test_stack.py tests/unit/session tests/unit/data tests/unit/tables tests/unit/train \
 	tests/unit/export tests/unit/ml tests/unit/strategies/test_fsdp.py \
@@ -33,6 +34,7 @@ VERSION_TESTS ?= tests/unit/test_stack.py tests/unit/session tests/unit/data tes
 	test_failing_rank_surfaces_with_its_traceback,"tests/integration/test_run.py::$(t)[local]") \
 	tests/integration/test_raw_columns.py tests/integration/test_lakehouse.py \
 	tests/integration/test_estimator.py::test_pipeline_fit_save_load_gives_identical_predictions \
+	tests/integration/test_scoring.py::test_a_parquet_table_is_scored_where_it_lies_as_spark_would_hand_it_over \
 	tests/integration/test_connect.py tests/integration/test_first_fit.py \
 	tests/integration/test_distributor.py tests/integration/test_platform_install.py $(TIER_DOCS)
 # the README's examples (the digits fit) as a newcomer runs them; every page runs on the

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import io
+import logging
 from typing import TYPE_CHECKING, Any, Callable
 
 from pyspark.ml import Model
@@ -13,10 +14,13 @@ from sparkddl.export import program as exported
 from sparkddl.ml import architecture
 from sparkddl.ml.generated_params import HasTorchModelParams
 from sparkddl.ml.inference import ModelPayload, check_device, exported_eval, udf_function
+from sparkddl.ml.inplace import sources
 from sparkddl.ml.persistence import ModelReader, ModelWriter
 from sparkddl.ml.scoring import PREDICTION, PROBABILITY, RAW, column_udfs, return_types, scorer
 from sparkddl.problems import Problem
 from sparkddl.session import cluster_context
+
+log = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from pyspark.sql import DataFrame, SparkSession
@@ -164,12 +168,25 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
         fields = self._output_fields()
         device = self.getOrDefault(self.inferenceDevice)
         if self._transform_fn is None:  # one UDF per output column, Arrow where it can be
-            score = scorer(payload, features, self.task, rows, self._feature_shapes(features),
-                           device, self.trained_on_gpu, context.arrow_udfs)
             spark_types = return_types(self.task, self.output_width)
-            udfs = column_udfs(score, {f: spark_types[f] for f in fields}, context.arrow_udfs)
-            return dataset.withColumns({name: _as_vector(field, udfs[field](*inputs))
-                                        for field, name in fields.items()})
+            shapes = self._feature_shapes(features)
+
+            def scored(files: Any, args: list[Any]) -> Any:
+                score = scorer(payload, features, self.task, rows, shapes, device,
+                               self.trained_on_gpu, context.arrow_udfs, files)
+                udfs = column_udfs(score, {f: spark_types[f] for f in fields},
+                                   context.arrow_udfs)
+                return dataset.withColumns({name: _as_vector(field, udfs[field](*args))
+                                            for field, name in fields.items()})
+            where = sources(dataset, features)  # the features read where they lie?
+            log.debug("transform: features %s: %s", "in place" if where.files else
+                      "from Spark", where.why)
+            if where.files is not None:
+                try:
+                    return scored(where.files, where.files.args())
+                except Exception as exc:  # noqa: BLE001 - Spark could not name the rows' files
+                    log.debug("transform: features from Spark: %s", exc)
+            return scored(None, inputs)
         fn = udf_function(payload, features, self.task, rows, {}, device, self.trained_on_gpu)
         udf = pandas_udf(fn, returnType=self._output_schema())  # type: ignore[call-overload]
         tmp = "__sparkddl_out"

@@ -109,9 +109,11 @@ def forward(module: Any, inputs: list[np.ndarray], batch_rows: int, device: str)
 
 def scorer(payload_bc: Any, features: list[str], kind: str, batch_rows: int,
            shapes: dict[str, list[int]], device: str, trained_on_gpu: bool,
-           arrow: bool) -> Callable[[str, tuple], np.ndarray]:
+           arrow: bool, files: Any = None) -> Callable[[str, tuple], np.ndarray]:
     """``score(field, columns)``: one output column for one batch of the feature columns
-    (Arrow arrays or pandas Series), the forward pass shared by the fields of that batch."""
+    (Arrow arrays or pandas Series), the forward pass shared by the fields of that batch.
+    With ``files`` (:class:`~sparkddl.ml.inplace.InPlace`), ``columns`` name each row's file
+    and index in it instead, and the features are read there (:mod:`sparkddl.ml.inplace`)."""
     def score(field: str, columns: tuple) -> np.ndarray:
         import torch
 
@@ -127,8 +129,13 @@ def scorer(payload_bc: Any, features: list[str], kind: str, batch_rows: int,
         # about 15 % of a 1 M-row transform on local[2])
         if torch.get_num_threads() != threads:
             torch.set_num_threads(threads)
-        inputs = [arrow_column(c, shapes.get(f), f) if arrow else
-                  column(_named(c, f), shapes.get(f)) for f, c in zip(features, columns)]
+        if files is not None:
+            from sparkddl.ml.inplace import gather
+            read = gather(columns[0], columns[1], columns[2], files)
+            inputs = [arrow_column(read[f], shapes.get(f), f) for f in features]
+        else:
+            inputs = [arrow_column(c, shapes.get(f), f) if arrow else
+                      column(_named(c, f), shapes.get(f)) for f, c in zip(features, columns)]
         out = forward(payload_bc.value.module(where), inputs, batch_rows, where)
         with _Last.lock:
             _Last.batch, _Last.out = columns, out
