@@ -269,7 +269,7 @@ def _group(path: str, parquet: Any, group: int, files: dict[str, str],
         rows = parquet.metadata.row_group(group).num_rows
         # a column a file lacks (schema evolution) is null there, as Spark reads it
         missing = pa.nulls(rows, pa.list_(pa.float32()))
-        _Task.columns = {c: table.column(p).combine_chunks() if p else missing
+        _Task.columns = {c: _one_chunk(table.column(p)) if p else missing
                          for c, p in present.items()}
         _Task.group = (path, group)
     return _Task.columns
@@ -321,3 +321,9 @@ def spark_xxhash64(text: str, seed: int = SEED) -> int:
     h = ((h ^ (h >> 29)) * _P3) & _M
     h ^= h >> 32
     return h - (1 << 64) if h >= 1 << 63 else h
+
+
+def _one_chunk(column: Any) -> Any:
+    """A column read from one row group as one array (a copy only where pyarrow gave
+    several chunks)."""
+    return column.chunk(0) if column.num_chunks == 1 else column.combine_chunks()
