@@ -6,12 +6,18 @@ The setting of issue 57: a Parquet table written by Spark (1,000,000 rows, ``fea
 ``local[2]``. Each path scores the table and writes to Spark's ``noop`` sink; one warm-up
 pass, then the median of ``--passes``. The paths:
 
-  - ``transform(df).select("prediction")`` and ``transform(df)`` whole (every column);
+  - ``transform(df).select("prediction")`` and ``transform(df)`` whole (every column): the
+    table's features are columns of its Parquet files, so the scoring workers read them
+    there (``sparkddl.ml.inplace``);
+  - ``transform`` of the same rows with the features computed (a slice of all 64), which
+    Spark hands over to the UDFs (as for any DataFrame that is not a scan of Parquet);
   - ``pyspark.ml.functions.predict_batch_udf`` (batch 1,024; its ``make_predict_fn`` builds
     the module from the fitted weights once per Python worker, as pyspark caches it);
   - a hand-written scalar-iterator ``pandas_udf`` with the module cached per worker.
 
-Every path's predictions agree on a sample of ``--check`` rows (by id). Also reported: the
+Every path's predictions agree on a sample of ``--check`` rows (by id). Each pass's CPU
+seconds (Spark's JVM, its Python workers and this process) are reported beside its wall
+time: other work on the machine inflates wall time, not a path's CPU. Also reported: the
 bytes of the model each path ships, and the peak resident memory of Spark's Python workers
 (VmHWM of the ``pyspark.daemon``/``pyspark.worker`` processes when the run ends).
 """
