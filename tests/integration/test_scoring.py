@@ -40,7 +40,7 @@ def write_table(spark, path: str) -> str:
      .selectExpr("id", "cast(id % 2 as int) as part",
                  f"transform(sequence(1, {WIDTH}), i -> sin(id * i)) as feat_in_file",
                  f"transform(sequence(1, {EXTRA}), i -> cast(cos(id + i) as float)) as extra")
-     .write.partitionBy("part").option("parquet.block.size", 16 << 10).parquet(path))
+     .write.partitionBy("part").option("parquet.block.size", 4 << 10).parquet(path))
     return path
 
 
@@ -78,6 +78,15 @@ def test_a_parquet_table_is_scored_where_it_lies_as_spark_would_hand_it_over(spa
         got = where_they_lie[key]
         assert got[0] == prediction
         assert np.allclose(got[1], probability) and np.allclose(got[2], raw)
+    # a file's row groups split between tasks (Python workers) score the same
+    spark.conf.set("spark.sql.files.maxPartitionBytes", 8 << 10)
+    try:
+        split = model.transform(df).select("id", "prediction")
+        assert split.rdd.getNumPartitions() > 6  # more tasks than files
+        assert {r.id: r.prediction for r in split.collect()} == \
+            {key: got[0] for key, got in handed.items()}
+    finally:
+        spark.conf.unset("spark.sql.files.maxPartitionBytes")
     # and both what the module gives for the rows as the files hold them
     rows = table.where("id < 50").orderBy("id").collect()
     with torch.no_grad():
