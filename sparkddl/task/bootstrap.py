@@ -23,6 +23,7 @@ from sparkddl.channel.offline import OfflineChannel
 from sparkddl.errors import ClusterError
 from sparkddl.task import context
 from sparkddl.task.affinity import pinned
+from sparkddl.task.archives import keep_spark_archives
 from sparkddl.task.dist import note_visible_devices, task_device_index
 from sparkddl.task.frameworks import GroupWatch, reset_library_state, restored_environ
 from sparkddl.task.gpu import map_gpu_addresses
@@ -43,6 +44,8 @@ MAX_REPORT_CHARS = 64_000
 def barrier_entry(spec: TaskSpec, _rows: Iterable[Any]) -> Iterator[bytes]:
     """mapPartitions function of the barrier stage; yields rank 0's pickled result."""
     from pyspark import BarrierTaskContext, cloudpickle
+
+    keep_spark_archives()  # this worker's next tasks (the next fit's ranks) start sooner
 
     spark_ctx = BarrierTaskContext.get()
     rank = spark_ctx.partitionId()
