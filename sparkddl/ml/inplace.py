@@ -34,6 +34,8 @@ class InPlace:
 
     columns: dict[str, str]
     known: dict[int, str]
+    # whether the plan filters rows: then a file may be left out, and so not checked
+    filtered: bool = False
 
     def args(self) -> list[Any]:
         """The scoring UDFs' arguments: each row's file number, its path where the number
@@ -44,6 +46,33 @@ class InPlace:
             .otherwise(F.col(PATH))
         return [number, path, F.col(ROW)]
 
+    def check_widths(self, shapes: dict[str, list[int]]) -> None:
+        """On the driver, from the footer of the table's first file: a feature column whose
+        every row holds another count of values than the model takes is a DataError naming
+        it (not a failed task at the action). Rows of mixed counts or nulls are left to
+        the scoring workers, which name them; a footer that cannot be read is too."""
+        import numpy as np
+
+        from sparkddl.errors import DataError
+        if self.filtered or not self.known or not any(shapes.get(f) for f in self.columns):
+            return
+        first = next(iter(self.known.values()))
+        try:
+            meta = _footer(first)
+        except Exception:  # noqa: BLE001 - the workers read the file, and say why not
+            return
+        for feature, column in self.columns.items():
+            want = int(np.prod(shapes.get(feature) or [0]))
+            counted = _counts(meta, column)
+            if want and counted is not None and counted[0] != want * counted[1]:
+                values, rows = counted
+                raise DataError(
+                    f"feature column {feature!r} holds {values:,} values in {rows:,} rows of "
+                    f"{_decoded(first)} ({values / rows:g} a row); the model takes {want} a row "
+                    f"(shape {list(shapes[feature])}), as it was trained on. Score a table of "
+                    "the width the model was trained on, or select the columns it was "
+                    "trained with")
+
 
 @dataclass(frozen=True)
 class Sources:
@@ -52,6 +81,38 @@ class Sources:
 
     files: InPlace | None
     why: str
+
+
+def _decoded(path: str) -> str:
+    from sparkddl.store import decode_hadoop_uri
+    return decode_hadoop_uri(path)
+
+
+def _footer(path: str) -> Any:
+    import pyarrow.parquet as pq
+
+    from sparkddl.store import Store
+    store = Store.from_uri(_decoded(path))
+    with store.filesystem().open_input_file(store.fs_path(store.url())) as handle:
+        return pq.ParquetFile(handle).metadata
+
+
+def _counts(meta: Any, column: str) -> tuple[int, int] | None:
+    """(values, rows) of ``column`` in a file whose footer is ``meta``, where the footer
+    tells them: one leaf column (a number, or a list of numbers) whose statistics count no
+    null (Parquet counts a null or empty list as one null value); else None."""
+    values = rows = 0
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        leaves = [group.column(c) for c in range(group.num_columns)
+                  if group.column(c).path_in_schema.split(".")[0].lower() == column.lower()]
+        if len(leaves) != 1:
+            return None
+        stats = leaves[0].statistics
+        if stats is None or not stats.has_null_count or stats.null_count:
+            return None
+        values, rows = values + leaves[0].num_values, rows + group.num_rows
+    return (values, rows) if rows else None
 
 
 def known_files(paths: list[str]) -> dict[int, str]:
@@ -83,8 +144,8 @@ def sources(df: Any, features: list[str]) -> Sources:
         found = _trace(node, _output_ids(node, features))
         if found.files is None:
             return found
-        return Sources(InPlace(found.files.columns, known_files(list(df.inputFiles()))),
-                       found.why)
+        return Sources(InPlace(found.files.columns, known_files(list(df.inputFiles())),
+                               found.files.filtered), found.why)
     except Exception as exc:  # noqa: BLE001 - a plan not understood is scored as before
         return Sources(None, f"its plan could not be read ({type(exc).__name__})")
 
@@ -106,10 +167,11 @@ def _output_ids(node: Any, features: list[str]) -> dict[int, str]:
 
 def _trace(node: Any, ids: dict[int, str]) -> Sources:
     """Follow the features' columns down through projections and filters to the scan."""
+    filtered = False
     while True:
         kind = _name(node)
         if kind == "Filter":
-            node = node.child()
+            node, filtered = node.child(), True
         elif kind == "Project":
             items = node.projectList()
             by_id = {int(items.apply(i).exprId().id()): items.apply(i)
@@ -125,7 +187,9 @@ def _trace(node: Any, ids: dict[int, str]) -> Sources:
                 traced[int(item.exprId().id())] = feature
             ids, node = traced, node.child()
         elif kind == "LogicalRelation":
-            return _scan(node, ids)
+            found = _scan(node, ids)
+            return Sources(InPlace(found.files.columns, {}, filtered), found.why) \
+                if found.files is not None else found
         else:
             return Sources(None, f"its plan is not a scan of Parquet files (it has {kind})")
 

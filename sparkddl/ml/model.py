@@ -182,6 +182,7 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
             log.debug("transform: features %s: %s", "in place" if where.files else
                       "from Spark", where.why)
             if where.files is not None:
+                where.files.check_widths(shapes)  # a whole column of another width
                 try:
                     return scored(where.files, where.files.args())
                 except Exception as exc:  # noqa: BLE001 - Spark could not name the rows' files

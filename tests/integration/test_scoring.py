@@ -106,6 +106,8 @@ def test_a_parquet_table_is_scored_where_it_lies_as_spark_would_hand_it_over(spa
 @pytest.mark.timeout(240)
 def test_bad_rows_and_a_file_gone_are_named_when_read_where_they_lie(spark_local, tmp_path):
     from pyspark.errors import PythonException
+
+    from sparkddl.errors import DataError
     spark = spark_local
     model = bilinear_model(("feat_in_file", "extra"))
     path = write_table(spark, str(tmp_path / "t"))
@@ -117,6 +119,10 @@ def test_bad_rows_and_a_file_gone_are_named_when_read_where_they_lie(spark_local
     with pytest.raises(PythonException, match="feature column 'feat_in_file' has 3 value.s. "
                                               "per row; the model takes 4"):
         model.transform(df.where("part = 9")).collect()
+    # a table whose every row is of another width is refused by transform itself
+    with pytest.raises(DataError, match=r"^feature column 'feat_in_file' holds \d+ values in "
+                                        r"\d+ rows of .*part=9.*\(3 a row\); the model takes 4"):
+        model.transform(spark.read.parquet(os.path.join(path, "part=9")))
     scoring = model.transform(df.where("part = 1"))
     for name in os.listdir(os.path.join(path, "part=1")):
         os.remove(os.path.join(path, "part=1", name))

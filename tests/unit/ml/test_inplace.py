@@ -81,3 +81,17 @@ def test_bad_rows_and_files_are_named(files, tmp_path):
                                       dtype=object), pd.Series([0]))
     with pytest.raises(DataError, match="gone.parquet is gone"):
         gather(*gone, where)
+
+
+def test_a_whole_column_of_another_width_is_refused_on_the_driver(files, tmp_path):
+    uris, _ = files
+    where = InPlace({"features": "features"}, {spark_xxhash64(uris["a"]): uris["a"]})
+    where.check_widths({"features": [3]})  # as trained: nothing to say
+    with pytest.raises(DataError, match=r"^feature column 'features' holds 90 values in 30 rows"
+                                        r" of .*a b.parquet \(3 a row\); the model takes 4"):
+        where.check_widths({"features": [2, 2]})
+    # nulls: the footer cannot tell the rows' width; the workers name the null rows
+    nulls = tmp_path / "nulls.parquet"
+    pq.write_table(pa.table({"features": pa.array([[1.0, 2.0], None, [3.0, 4.0]])}), nulls)
+    InPlace({"features": "features"}, {1: "file:" + str(nulls)}).check_widths(
+        {"features": [4]})
