@@ -43,7 +43,7 @@ class InPlace:
         from pyspark.sql import functions as F
         number = F.xxhash64(F.col(PATH))
         path = F.when(number.isin(list(self.known)), F.lit(None).cast("string")) \
-            .otherwise(F.col(PATH))
+            .otherwise(F.col(PATH)) if self.known else F.col(PATH)
         return [number, path, F.col(ROW)]
 
     def check_widths(self, shapes: dict[str, list[int]]) -> None:
@@ -115,8 +115,16 @@ def _counts(meta: Any, column: str) -> tuple[int, int] | None:
     return (values, rows) if rows else None
 
 
+# files known by number at most: each is a literal of the query's plan (an InSet), which
+# Spark's UI and explain() show; a table of more files sends each row's path instead
+KNOWN_FILES = 1024
+
+
 def known_files(paths: list[str]) -> dict[int, str]:
-    """The table's files (``inputFiles()``) by their number, each as Spark may name it."""
+    """The table's files (``inputFiles()``) by their number, each as Spark may name it;
+    none past :data:`KNOWN_FILES` files."""
+    if len(paths) > KNOWN_FILES:
+        return {}
     known = {}
     for path in paths:
         forms = [path]

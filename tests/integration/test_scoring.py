@@ -57,7 +57,8 @@ def read_schema(df) -> str:
 
 @pytest.mark.timeout(240)
 def test_a_parquet_table_is_scored_where_it_lies_as_spark_would_hand_it_over(spark_local,
-                                                                           tmp_path):
+                                                                           tmp_path,
+                                                                           monkeypatch):
     spark = spark_local
     table = spark.read.parquet(write_table(spark, str(tmp_path / "scores table")))
     model = bilinear_model()
@@ -87,6 +88,13 @@ def test_a_parquet_table_is_scored_where_it_lies_as_spark_would_hand_it_over(spa
             {key: got[0] for key, got in handed.items()}
     finally:
         spark.conf.unset("spark.sql.files.maxPartitionBytes")
+    # a table of more files than the driver names by number: each row's path travels
+    from sparkddl.ml import inplace
+    monkeypatch.setattr(inplace, "KNOWN_FILES", 2)
+    assert sources(df, ["features", "extra"]).files.known == {}
+    assert {r.id: r.prediction for r in model.transform(df).select("id", "prediction")
+            .collect()} == {key: got[0] for key, got in handed.items()}
+    monkeypatch.undo()
     # and both what the module gives for the rows as the files hold them
     rows = table.where("id < 50").orderBy("id").collect()
     with torch.no_grad():

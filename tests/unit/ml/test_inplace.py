@@ -95,3 +95,10 @@ def test_a_whole_column_of_another_width_is_refused_on_the_driver(files, tmp_pat
     pq.write_table(pa.table({"features": pa.array([[1.0, 2.0], None, [3.0, 4.0]])}), nulls)
     InPlace({"features": "features"}, {1: "file:" + str(nulls)}).check_widths(
         {"features": [4]})
+
+
+def test_a_table_of_many_files_sends_each_rows_path():
+    from sparkddl.ml.inplace import KNOWN_FILES
+    assert known_files([f"file:/t/{i}.parquet" for i in range(KNOWN_FILES + 1)]) == {}
+    assert len(known_files([f"s3a://b/{i}.parquet" for i in range(KNOWN_FILES)])) == \
+        KNOWN_FILES
