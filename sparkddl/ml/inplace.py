@@ -14,7 +14,7 @@ Spark hands over, as before. The decision comes with its reason, which ``transfo
 from __future__ import annotations
 
 import threading
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 PATH, ROW = "_metadata.file_path", "_metadata.row_index"
@@ -152,8 +152,8 @@ def sources(df: Any, features: list[str]) -> Sources:
         found = _trace(node, _output_ids(node, features))
         if found.files is None:
             return found
-        return Sources(InPlace(found.files.columns, known_files(list(df.inputFiles())),
-                               found.files.filtered), found.why)
+        return replace(found, files=replace(found.files,
+                                            known=known_files(list(df.inputFiles()))))
     except Exception as exc:  # noqa: BLE001 - a plan not understood is scored as before
         return Sources(None, f"its plan could not be read ({type(exc).__name__})")
 
@@ -195,18 +195,18 @@ def _trace(node: Any, ids: dict[int, str]) -> Sources:
                 traced[int(item.exprId().id())] = feature
             ids, node = traced, node.child()
         elif kind == "LogicalRelation":
-            found = _scan(node, ids)
-            return Sources(InPlace(found.files.columns, {}, filtered), found.why) \
-                if found.files is not None else found
+            columns, why = _scan(node, ids)
+            return Sources(InPlace(columns, {}, filtered) if columns else None, why)
         else:
             return Sources(None, f"its plan is not a scan of Parquet files (it has {kind})")
 
 
-def _scan(node: Any, ids: dict[int, str]) -> Sources:
+def _scan(node: Any, ids: dict[int, str]) -> tuple[dict[str, str] | None, str]:
+    """Each feature's column in the files the scan ``node`` reads, or None; and why."""
     relation = node.relation()
     if _name(relation) != "HadoopFsRelation" or \
             _name(relation.fileFormat()) != "ParquetFileFormat":
-        return Sources(None, f"it reads {_name(relation)}, not plain Parquet files")
+        return None, f"it reads {_name(relation)}, not plain Parquet files"
     partitions = {str(n).lower() for n in relation.partitionSchema().fieldNames()}
     out = node.output()
     files = {}
@@ -217,16 +217,16 @@ def _scan(node: Any, ids: dict[int, str]) -> Sources:
             continue
         column = str(attr.name())
         if column.lower() in partitions:
-            return Sources(None, f"feature column {feature!r} is a partition column")
+            return None, f"feature column {feature!r} is a partition column"
         kind = attr.dataType()
         inner = kind.elementType() if _name(kind) == "ArrayType" else kind
         if _name(inner) not in NUMERIC:
-            return Sources(None, f"feature column {feature!r} is {kind.simpleString()}")
+            return None, f"feature column {feature!r} is {kind.simpleString()}"
         files[feature] = column
     if len(files) != len(ids):
-        return Sources(None, "not every feature column is a column of the scan")
-    return Sources(InPlace(files, {}), "the features are columns of its Parquet files: "
-                                       "the scoring workers read them there")
+        return None, "not every feature column is a column of the scan"
+    return files, "the features are columns of its Parquet files: the scoring workers read " \
+                  "them there"
 
 
 def _name(obj: Any) -> str:
@@ -272,8 +272,7 @@ def gather(numbers: Any, paths: Any, rows: Any, where: InPlace) -> dict[str, Any
                 group = int(groups[a])
                 columns = _group(path, parquet, group, files, names)
                 local = at[a:b] - firsts[group]
-                contiguous = local[-1] - local[0] == len(local) - 1 and \
-                    (len(local) < 2 or bool((np.diff(local) == 1).all()))
+                contiguous = bool((np.diff(local) == 1).all())
                 for feature, column in files.items():
                     values = columns[column]
                     pieces[feature].append(values.slice(int(local[0]), len(local)) if contiguous
