@@ -14,7 +14,7 @@ from sparkddl.export import program as exported
 from sparkddl.ml import architecture
 from sparkddl.ml.generated_params import HasTorchModelParams
 from sparkddl.ml.inference import ModelPayload, check_device, exported_eval, udf_function
-from sparkddl.ml.inplace import sources
+from sparkddl.ml.inplace import InPlace, sources
 from sparkddl.ml.persistence import ModelReader, ModelWriter
 from sparkddl.ml.scoring import PREDICTION, PROBABILITY, RAW, column_udfs, return_types, scorer
 from sparkddl.problems import Problem
@@ -171,7 +171,7 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
             spark_types = return_types(self.task, self.output_width)
             shapes = self._feature_shapes(features)
 
-            def scored(files: Any, args: list[Any]) -> Any:
+            def scored(files: "InPlace | None", args: list[Any]) -> Any:
                 score = scorer(payload, features, self.task, rows, shapes, device,
                                self.trained_on_gpu, context.arrow_udfs, files)
                 udfs = column_udfs(score, {f: spark_types[f] for f in fields},

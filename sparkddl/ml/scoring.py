@@ -17,13 +17,16 @@ task's CPUs as torch threads.
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
 import pandas as pd  # module level: pandas_udf resolves the type hints below against it
 import pyarrow as pa  # module level: arrow_udf resolves the type hints below against it
 
 from sparkddl.export.portable import BINARY, MULTICLASS, column, shaped_rows
+
+if TYPE_CHECKING:
+    from sparkddl.ml.inplace import InPlace
 
 PREDICTION, PROBABILITY, RAW = "prediction", "probability", "raw"
 
@@ -109,7 +112,7 @@ def forward(module: Any, inputs: list[np.ndarray], batch_rows: int, device: str)
 
 def scorer(payload_bc: Any, features: list[str], kind: str, batch_rows: int,
            shapes: dict[str, list[int]], device: str, trained_on_gpu: bool,
-           arrow: bool, files: Any = None) -> Callable[[str, tuple], np.ndarray]:
+           arrow: bool, files: InPlace | None = None) -> Callable[[str, tuple], np.ndarray]:
     """``score(field, columns)``: one output column for one batch of the feature columns
     (Arrow arrays or pandas Series), the forward pass shared by the fields of that batch.
     With ``files`` (:class:`~sparkddl.ml.inplace.InPlace`), ``columns`` name each row's file
