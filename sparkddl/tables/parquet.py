@@ -89,9 +89,9 @@ def unreadable(path: str, exc: BaseException, where: str = "") -> DataError:
     prefix = f"{where}: " if where else ""
     if isinstance(exc, FileNotFoundError):
         return DataError(f"{prefix}the Parquet data file {path} is gone (deleted or moved "
-                         "after the fit listed it); a table must not be changed while it is "
-                         "trained on: train on a fixed version (a snapshot or copy), or "
-                         "start the fit again")
+                         "after it was listed); a table must not be changed while it is "
+                         "trained on or scored: use a fixed version (a snapshot or copy), or "
+                         "start again")
     if isinstance(exc, pa.ArrowException):
         return DataError(f"{prefix}the Parquet data file {path} cannot be read "
                          f"({type(exc).__name__}: {exc}); it is truncated, corrupted or not "
