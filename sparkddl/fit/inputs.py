@@ -9,7 +9,7 @@ from typing import Any, Callable
 
 from sparkddl import checkpoint
 from sparkddl.config import TrainConfig
-from sparkddl.data import DataSpec, PreparedData, prepare
+from sparkddl.data import DataSpec, PreparedData, look, prepare
 from sparkddl.data.local import read_rows
 from sparkddl.data.plan import ShardPlan
 from sparkddl.errors import ConfigError
@@ -51,13 +51,27 @@ class FitInputs:
     transform_shapes: tuple[Any, ...] = ()  # what the transformFn gave the driver's sample
 
 
-def prepare_data(df: Any, config: TrainConfig, store: Store, num_workers: int) -> PreparedData:
+def _spec(config: TrainConfig) -> DataSpec:
     weight = (config.sample_weight,) if config.sample_weight else None
-    return prepare(df, DataSpec.of(config.features, config.labels, extra=weight,
-                                   shapes=config.feature_shapes,
-                                   raw=config.transform_fn is not None),
-                   num_workers=num_workers, batch_size=config.batch_size, store=store,
-                   validation=config.validation, seed=config.seed, reader=config.reader)
+    return DataSpec.of(config.features, config.labels, extra=weight,
+                       shapes=config.feature_shapes, raw=config.transform_fn is not None)
+
+
+def prepare_data(df: Any, config: TrainConfig, store: Store, num_workers: int,
+                 looked: PreparedData | str | None = None) -> PreparedData:
+    """The fit's data, prepared (``looked``: what :func:`look_at_data` found already)."""
+    return prepare(df, _spec(config), num_workers=num_workers, batch_size=config.batch_size,
+                   store=store, validation=config.validation, seed=config.seed,
+                   reader=config.reader, looked=looked)
+
+
+def look_at_data(df: Any, config: TrainConfig) -> PreparedData | str:
+    """The fit's data validated, and listed and planned where it is read in place, without
+    writing anything (:func:`sparkddl.data.look`): what may run before the executors'
+    Python has been found good."""
+    return look(df, _spec(config), num_workers=config.num_workers,
+                batch_size=config.batch_size, validation=config.validation, seed=config.seed,
+                reader=config.reader)
 
 
 def shard_plan(data: PreparedData, config: TrainConfig, num_workers: int,
@@ -132,7 +146,8 @@ def fit_components(model: Any, optimizer: Any, loss: Any, config: TrainConfig) -
     return Components(factory, module, recipe, losses, step_fn, schedule)
 
 
-def fit_inputs(df: Any, parts: Components, config: TrainConfig) -> FitInputs:
+def fit_inputs(df: Any, parts: Components, config: TrainConfig,
+               looked: PreparedData | str | None = None) -> FitInputs:
     factory, module, recipe, losses = parts.factory, parts.module, parts.optimizer, parts.losses
     step_fn, schedule = parts.step_fn, parts.scheduler
     store = Store.from_uri(config.store)
@@ -140,7 +155,7 @@ def fit_inputs(df: Any, parts: Components, config: TrainConfig) -> FitInputs:
     store.check_writable()
     if config.run_id:  # before the data is prepared: a resume that cannot resume stops here
         checkpoint.check_resumable(store, config.run_id)
-    data = prepare_data(df, config, store, config.num_workers)
+    data = prepare_data(df, config, store, config.num_workers, looked)
     sample, transform_shapes = sample_through_transform(read_rows(data.train, limit=8), config)
     check_finite(sample, config.features, config.on_non_finite_loss)
     problem = check_sample(module, step_fn, sample, data.label_range(config.labels[0])

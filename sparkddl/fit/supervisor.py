@@ -33,6 +33,7 @@ from sparkddl.fit.inputs import (
     check_best_by_early,
     fit_components,
     fit_inputs,
+    look_at_data,
     shard_plan,
 )
 from sparkddl.fit.progress import Progress
@@ -93,19 +94,30 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
     strategies.create(config.strategy, config.strategy_options).check_device(
         "cuda" if config.use_gpu else "cpu")
     parts = fit_components(model, optimizer, loss, config)
+    phases.end("checks")
+    # what writes nothing goes on beside the check too: the data validated, and a table read
+    # in place listed and planned; an error of its own waits for the check, whose comes first
+    try:
+        with bounded_jobs(sc, config.timeout_s, "while looking at the data"):
+            looked = look_at_data(df, config)
+    except BaseException:
+        checked()
+        raise
+    phases.end("data")
     checked()
     run_id = config.run_id or new_run_id()  # held even when new: a resume may name it
     with runlock.holding(Store.from_uri(config.store), run_id):
-        return _fit(spark, df, parts, config, callbacks, run_id, phases)
+        return _fit(spark, df, parts, config, callbacks, run_id, phases, looked)
 
 
 def _fit(spark: Any, df: Any, parts: Components, config: TrainConfig,
-         callbacks: Callbacks | None, run_id: str, phases: Phases) -> FitResult:
+         callbacks: Callbacks | None, run_id: str, phases: Phases,
+         looked: PreparedData | str) -> FitResult:
     """The fit of run ``run_id``, once the driver's checks have passed."""
     sc = cluster_context(spark)
     phases.end("checks")
     with bounded_jobs(sc, config.timeout_s, "while preparing the data"):
-        inputs = fit_inputs(df, parts, config)
+        inputs = fit_inputs(df, parts, config, looked)
     store, data = inputs.store, inputs.data
     plan = shard_plan(data, config, config.num_workers, inputs.transform_shapes)
     record_run(store, run_id, data, config, plan.steps_per_epoch)

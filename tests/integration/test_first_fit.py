@@ -28,6 +28,16 @@ FIRST_FIT = textwrap.dedent("""
     rows = [([float(v) / 16 for v in image], int(label)) for image, label in zip(x, y)]
     df = spark.createDataFrame(rows, "features array<float>, label long")
     net = torch.nn.Sequential(torch.nn.Linear(64, 10))
+    # a table read in place is looked at beside the executors' check; a column missing
+    # there still gives way to the executors' Python, the error to fix first
+    df.write.parquet(TABLE)
+    try:
+        TorchEstimator(model=net, optimizer=lambda p: torch.optim.Adam(p, lr=3e-3),
+                       loss=torch.nn.CrossEntropyLoss(), featuresCol="pixels",
+                       labelCol="label", numWorkers=2, store=STORE).fit(
+                           spark.read.parquet(TABLE))
+    except Exception as exc:
+        print("IN PLACE:", type(exc).__name__, str(exc)[:60])
     estimator = TorchEstimator(model=net, optimizer=lambda p: torch.optim.Adam(p, lr=3e-3),
                                loss=torch.nn.CrossEntropyLoss(), featuresCol="features",
                                labelCol="label", batchSize=32, epochs=1, numWorkers=2,
@@ -45,7 +55,8 @@ def test_an_executor_python_without_sparkddl_is_named_before_any_job(tmp_path):
     script = tmp_path / "first_fit.py"
     # the driver imports this checkout's sparkddl (as if installed); the executors get no path
     script.write_text(f"import sys; sys.path.insert(0, {str(ROOT)!r})\n"
-                      f"STORE = {str(tmp_path / 'store')!r}\n" + FIRST_FIT)
+                      f"STORE = {str(tmp_path / 'store')!r}\n"
+                      f"TABLE = {str(tmp_path / 'table')!r}\n" + FIRST_FIT)
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON", "PYTHONPATH")}
     env["PATH"] = f"{bare / 'bin'}:{env.get('PATH', '')}"  # what `python3` means there
@@ -61,4 +72,5 @@ def test_an_executor_python_without_sparkddl_is_named_before_any_job(tmp_path):
     assert "Py4JJavaError" not in out and "PythonException" not in out, out
     assert out.count("Traceback (most recent call last)") == 1, out
     assert not (tmp_path / "store").exists()  # nothing was prepared or written
+    assert "IN PLACE: ClusterError the executors' Python" in out, out
 
