@@ -123,9 +123,8 @@ def scorer(payload_bc: Any, features: list[str], kind: str, batch_rows: int,
         from sparkddl.ml.inference import task_device
         from sparkddl.task.archives import keep_spark_archives
         with _Last.lock:
-            if _Last.batch is not None and _Last.batch[0] is columns[0] and \
-                    len(_Last.batch) == len(columns) and \
-                    all(a is b for a, b in zip(_Last.batch, columns)):
+            if _Last.batch is not None and len(_Last.batch) == len(columns) and \
+                    all(_same(a, b) for a, b in zip(_Last.batch, columns)):
                 return derive(kind, field, _Last.out)
         where, threads = task_device(device, trained_on_gpu)
         keep_spark_archives()  # the worker's next tasks start ~0.1 s sooner
@@ -146,6 +145,19 @@ def scorer(payload_bc: Any, features: list[str], kind: str, batch_rows: int,
             _Last.batch, _Last.out = columns, out
         return derive(kind, field, out)
     return score
+
+
+def _same(held: Any, given: Any) -> bool:
+    """Whether ``given`` is the column ``held`` (which :class:`_Last` keeps alive): the same
+    object (pandas UDFs get one Series per column and batch), or an Arrow array over the same
+    memory (Arrow UDFs get a new wrapper of the batch's column for each UDF)."""
+    if held is given:
+        return True
+    if not isinstance(held, pa.Array) or not isinstance(given, pa.Array):
+        return False
+    return held.type == given.type and len(held) == len(given) and \
+        held.offset == given.offset and \
+        [b and b.address for b in held.buffers()] == [b and b.address for b in given.buffers()]
 
 
 def _named(series: pd.Series, name: str) -> pd.Series:

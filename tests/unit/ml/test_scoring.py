@@ -84,6 +84,14 @@ def test_the_output_columns_of_one_batch_share_one_forward_pass():
     assert np.array_equal(pred, raw.argmax(1))
     again = (pa.array(batch[0].to_pylist(), pa.list_(pa.float32())),)  # equal, not the same
     assert np.array_equal(score(PREDICTION, again), pred) and net.calls == 2
+    # Spark's Arrow UDFs each get a new wrapper of the batch's column: one pass still
+    record = pa.RecordBatch.from_arrays([pa.array(batch[0].to_pylist(), batch[0].type),
+                                         pa.array(range(5))], ["x", "id"])
+    for field in (PREDICTION, PROBABILITY, RAW):
+        score(field, (record.column(0),))
+    assert net.calls == 3
+    score(PREDICTION, (record.column(0).slice(1),))  # other rows of the same memory
+    assert net.calls == 4
     pandas = scorer(payload, ["x"], Problem.MULTICLASS, 2, {"x": [4]}, "cpu", False, False)
     assert np.array_equal(pandas(PREDICTION, (pd.Series(batch[0].to_pylist()),)), pred)
 
