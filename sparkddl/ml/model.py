@@ -16,7 +16,16 @@ from sparkddl.ml.generated_params import HasTorchModelParams
 from sparkddl.ml.inference import ModelPayload, check_device, exported_eval, udf_function
 from sparkddl.ml.inplace import InPlace, sources
 from sparkddl.ml.persistence import ModelReader, ModelWriter
-from sparkddl.ml.scoring import PREDICTION, PROBABILITY, RAW, column_udfs, return_types, scorer
+from sparkddl.ml.scoring import (
+    PREDICTION,
+    PROBABILITY,
+    RAW,
+    column_udfs,
+    packed,
+    packed_names,
+    return_types,
+    scorer,
+)
 from sparkddl.problems import Problem
 from sparkddl.session import cluster_context
 
@@ -174,10 +183,20 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
             def scored(files: "InPlace | None", args: list[Any]) -> Any:
                 score = scorer(payload, features, self.task, rows, shapes, device,
                                self.trained_on_gpu, context.arrow_udfs, files)
+                packs = {} if context.arrow_udfs else packed(self.task, self.output_width,
+                                                             fields)
                 udfs = column_udfs(score, {f: spark_types[f] for f in fields},
-                                   context.arrow_udfs)
-                return dataset.withColumns({name: _as_vector(field, udfs[field](*args))
-                                            for field, name in fields.items()})
+                                   context.arrow_udfs, packs)
+                if not packs:
+                    return dataset.withColumns({name: _as_vector(field, udfs[field](*args))
+                                                for field, name in fields.items()})
+                # every UDF in one projection (one Python runner: one forward pass a batch),
+                # the packed structs made arrays again above it
+                tmp = {field: f"__sparkddl_{field}" for field in fields}
+                inner = dataset.withColumns({tmp[f]: udfs[f](*args) for f in fields})
+                return inner.withColumns({name: _as_vector(field, _unpacked(
+                    F.col(tmp[field]), packs.get(field))) for field, name in fields.items()}
+                ).drop(*tmp.values())
             where = sources(dataset, features)  # the features read where they lie?
             log.debug("transform: features %s: %s", "in place" if where.files else
                       "from Spark", where.why)
@@ -316,6 +335,12 @@ def _as_vector(field: str, col: Any) -> Any:
     """A classifier's probability and raw prediction as ML Vectors, as pyspark.ml gives them."""
     from pyspark.ml.functions import array_to_vector
     return array_to_vector(col) if field in (PROBABILITY, RAW) else col
+
+
+def _unpacked(col: Any, width: int | None) -> Any:
+    """A packed output (a struct of ``width`` doubles) as its array again."""
+    from pyspark.sql import functions as F
+    return col if width is None else F.array(*[col[n] for n in packed_names(width)])
 
 
 def _plain(value: Any) -> Any:

@@ -167,6 +167,19 @@ def _named(series: pd.Series, name: str) -> pd.Series:
     return series
 
 
+def _packing(score: Callable[[str, tuple], np.ndarray], field: str,
+             width: int) -> Callable[..., pd.DataFrame]:
+    names = packed_names(width)
+
+    def fn(*columns: pd.Series) -> pd.DataFrame:
+        values = score(field, columns)
+        if values.ndim != 2 or values.shape[1] != width:
+            raise ValueError(f"the model gives {values.shape[1:]} values a row for its "
+                             f"{field}, where it gave {width} when it was trained")
+        return pd.DataFrame(values, columns=pd.Index(names))
+    return fn
+
+
 def _to_arrow(values: np.ndarray) -> pa.Array:
     if values.ndim == 1:
         return pa.array(values, pa.float64())
@@ -179,10 +192,32 @@ def _to_pandas(values: np.ndarray) -> pd.Series:
     return pd.Series(values if values.ndim == 1 else list(values))
 
 
+# array outputs at most this wide leave a pandas UDF as a struct of doubles (see packed)
+PACKED_MAX = 64
+
+
+def packed(kind: str, output_width: int, fields: Any) -> dict[str, int]:
+    """The array outputs among ``fields`` that transform's pandas UDFs (Spark before 4.1)
+    return as a struct of ``width`` doubles (``_0``, ``_1``...), by field: pyspark turns each
+    row of an array result into a Python list (about 1 CPU-s per column and million rows),
+    while a struct's fields go over as whole columns; the query makes the array again."""
+    if kind in (MULTICLASS, BINARY):
+        width = output_width if kind == MULTICLASS else 2
+        wide = {PROBABILITY: width, RAW: width}
+    else:
+        wide = {PREDICTION: output_width} if output_width > 1 else {}
+    return {f: w for f, w in wide.items() if f in fields and w <= PACKED_MAX}
+
+
+def packed_names(width: int) -> list[str]:
+    return [f"_{i}" for i in range(width)]
+
+
 def column_udfs(score: Callable[[str, tuple], np.ndarray], fields: dict[str, str],
-                arrow: bool) -> dict[str, Any]:
+                arrow: bool, packs: dict[str, int] | None = None) -> dict[str, Any]:
     """A UDF per output field (its Spark type in ``fields``), each taking the feature
-    columns as arguments."""
+    columns as arguments; on the pandas path the fields of ``packs`` (:func:`packed`)
+    return a struct of that many doubles instead of an array."""
     if arrow:
         from pyspark.sql.functions import arrow_udf  # type: ignore[attr-defined]
 
@@ -194,6 +229,12 @@ def column_udfs(score: Callable[[str, tuple], np.ndarray], fields: dict[str, str
         from pyspark.sql.functions import pandas_udf
 
         def make(field: str, spark_type: str) -> Any:
+            width = (packs or {}).get(field)
+            if width is not None:
+                struct = "struct<" + ", ".join(f"{n}: double" for n in packed_names(width))
+                return pandas_udf(_packing(score, field, width),  # type: ignore[call-overload]
+                                  struct + ">")  # pyright: ignore[reportArgumentType]
+
             def fn(*columns: pd.Series) -> pd.Series:
                 return _to_pandas(score(field, columns))
             return pandas_udf(fn, spark_type)  # type: ignore[call-overload]

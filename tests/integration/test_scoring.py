@@ -136,3 +136,47 @@ def test_bad_rows_and_a_file_gone_are_named_when_read_where_they_lie(spark_local
         os.remove(os.path.join(path, "part=1", name))
     with pytest.raises(Exception, match="is gone|FileNotFound|does not exist"):
         scoring.collect()
+
+
+@pytest.mark.timeout(240)
+def test_every_output_of_every_kind_of_model_is_what_the_module_gives(spark_local):
+    """Each kind's columns as pyspark.ml gives them (Vectors for a classifier's probability
+    and raw prediction), equal to the module's own outputs: multiclass narrow and wider than
+    the outputs a pandas UDF packs into a struct, binary, and regression of one and two
+    values."""
+    from pyspark.ml.linalg import DenseVector
+
+    from sparkddl.export.portable import outputs
+    from sparkddl.ml import TorchModel
+    from sparkddl.ml.architecture import describe
+    from sparkddl.ml.scoring import PACKED_MAX
+    from sparkddl.problems import Problem
+    from sparkddl.train.components import model_factory
+
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((200, WIDTH)).astype(np.float32)
+    df = spark_local.createDataFrame([(i, row.tolist()) for i, row in enumerate(x)],
+                                     "id long, features array<float>")
+    cases = [(Problem.MULTICLASS, CLASSES), (Problem.MULTICLASS, PACKED_MAX + 1),
+             (Problem.BINARY, 1), (Problem.REGRESSION, 1), (Problem.REGRESSION, 2)]
+    for kind, width in cases:
+        torch.manual_seed(width)
+        net = torch.nn.Linear(WIDTH, width)
+        model = TorchModel()
+        model._factory = model_factory(net)
+        model._arch, model._state = describe(model._factory), net.state_dict()
+        model.task, model.output_width = kind, width
+        model._input_columns = {"features": {"shape": [WIDTH]}}
+        model.setFeaturesCol("features")
+        with torch.no_grad():
+            want = outputs(kind, net(torch.from_numpy(x)))
+        out = model.transform(df)
+        names = {"prediction": "prediction", "probability": "probability", "raw": "rawPrediction"}
+        rows = out.orderBy("id").collect()
+        for field, values in want.items():
+            got = [r[names[field]] for r in rows]
+            if field != "prediction":
+                assert all(isinstance(v, DenseVector) for v in got), (kind, width, field)
+            got = np.array([np.asarray(v, dtype=np.float64) for v in got])
+            assert np.allclose(got, np.stack(values) if isinstance(values, list) else values,
+                               atol=1e-6), (kind, width, field)
