@@ -24,7 +24,9 @@ bytes of the model each path ships, and the peak resident memory of Spark's Pyth
 from __future__ import annotations
 
 import argparse
+import atexit
 import io
+import shutil
 import statistics
 import sys
 import tempfile
@@ -158,6 +160,7 @@ def main() -> None:
     from pyspark.sql import functions as F
     spark = local_spark("local[2]")
     tmp = Path(tempfile.mkdtemp(prefix="sparkddl-inference-"))
+    atexit.register(shutil.rmtree, tmp, True)  # 250 MB of table a run, on any exit
     path = str(tmp / "table")
     write_table(spark, args.rows, path)
     model = fitted(spark, path, f"file://{tmp / 'store'}")
