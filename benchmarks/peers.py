@@ -203,12 +203,15 @@ def run_sparkddl(table: Path, hp: Hyper, work: Path) -> dict[str, Any]:
                              numWorkers=hp.workers, store=f"file://{work}/store",
                              seed=hp.seed, progress=False)
         t = time.perf_counter()
-        model = est.fit(spark.read.parquet(f"file://{table}"))
-        fit_s = time.perf_counter() - t
+        df = spark.read.parquet(f"file://{table}")  # the user's line: Spark's first query
+        read_s = time.perf_counter() - t
+        model = est.fit(df)
+        fit_s = time.perf_counter() - t - read_s
         trained = time.perf_counter()
         h = model.history
         world = h[-1].get("world_size", hp.workers)
-        parts = {"setup": session_s, "fit": fit_s,
+        parts = {"setup": session_s, "spark.read.parquet (the session's first query)": read_s,
+                 "fit": fit_s,
                  "fit - its training phase (fixed cost)": fit_s - model.phases["training"],
                  **{f"cold fit phase: {k}": v for k, v in model.phases.items()}}
         # after the cold wall (trained_at): a warm fit in the same session, and the trivial
@@ -671,9 +674,13 @@ def fixed_costs(ours: dict[str, Any], rows: list[dict[str, Any]]) -> list[str]:
         return []
     phases = ", ".join(f"{k.split(': ', 1)[1]} {v:.2f}" for k, v in parts.items()
                        if k.startswith("cold fit phase: "))
+    read = parts.get("spark.read.parquet (the session's first query)", 0.0)
     lines = ["#### Fixed costs", "",
              f"- cold fit: {parts['fit']:.2f} s, {fixed:.2f} s of it outside the training "
-             f"phase (goal <= 4 s: {'met' if fixed <= 4 else 'NOT met'}); phases (s): {phases}"]
+             f"phase (goal <= 4 s: {'met' if fixed <= 4 else 'NOT met'}); phases (s): {phases}",
+             f"- before it, the user's spark.read.parquet, the session's first query: "
+             f"{read:.2f} s (Spark's; counted in the cold wall, not in the fit); with it, "
+             f"{fixed + read:.2f} s outside training"]
     if "warm fit" in parts:
         lines.append(f"- warm fit (a second one, same session): {parts['warm fit']:.2f} s, "
                      f"{parts['warm fit - its training phase']:.2f} s outside training")
