@@ -13,7 +13,7 @@ from sparkddl.fit.evaluation import SnapshotEvaluator
 from sparkddl.fit.progress import Progress
 from sparkddl.fit.restarts import Restart
 from sparkddl.launch.monitor import Handlers
-from sparkddl.launch.phases import Phases
+from sparkddl.launch.phases import Arrivals, Phases
 
 log = logging.getLogger(__name__)
 
@@ -30,14 +30,14 @@ class Dispatch:
         self.recancelled = -1  # the attempt cancelled again after a fatal error
         # an elastic fit on fewer ranks: epoch -> whether to stop and relaunch wider now
         self.grow: Callable[[int], bool] | None = None
-        # this attempt's ranks that said hello, when the last of ``world`` did and when rank
-        # 0 reported its first step (time.perf_counter(); None: not yet)
-        self.world, self.hellos = 0, set[int]()
-        self.all_up_at: float | None = None
+        # when this attempt's ranks said hello, and when rank 0 reported its first step
+        # (time.perf_counter(); None: not yet)
+        self.arrivals = Arrivals()
         self.first_step_at: float | None = None
 
     def attempt_started(self, world: int) -> None:
-        self.world, self.hellos, self.all_up_at, self.first_step_at = world, set(), None, None
+        self.arrivals.reset(world)
+        self.first_step_at = None
 
     def handlers(self, attempt: int) -> Handlers:
         """The handlers of ``attempt``'s stage; they do nothing once it is not current."""
@@ -57,15 +57,9 @@ class Dispatch:
             return handle
 
         return {kind: fenced(h) for kind, h in (
-            (m.Hello, self._hello), (m.Progress, self._progress), (m.Heartbeat, self._heartbeat),
+            (m.Hello, self.arrivals), (m.Progress, self._progress), (m.Heartbeat, self._heartbeat),
             (m.Epoch, self._epoch), (m.Snapshot, self._snapshot),
             (m.Checkpoint, self._checkpoint))}
-
-    def _hello(self, msg: Message, body: m.Hello) -> None:
-        if body.role == "" and self.all_up_at is None:
-            self.hellos.add(msg.rank)
-            if len(self.hellos) >= self.world:
-                self.all_up_at = time.perf_counter()
 
     def _progress(self, msg: Message, body: m.Progress) -> None:
         if self.first_step_at is None:
@@ -102,6 +96,6 @@ def attempt_phases(phases: Phases, hook: Dispatch) -> None:
     """An attempt's stage, in three: ``launch`` until every rank said hello (the tasks
     scheduled, their Python workers up), ``start`` until rank 0's first step (rendezvous,
     the model built and wrapped, the first batch read), ``training`` to the stage's end."""
-    phases.end("launch", hook.all_up_at)
+    phases.end("launch", hook.arrivals.all_up_at)
     phases.end("start", hook.first_step_at)
     phases.end("training")

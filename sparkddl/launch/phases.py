@@ -4,7 +4,7 @@ again (a relaunch's stage) add to what they had."""
 from __future__ import annotations
 
 import time
-from typing import Callable
+from typing import Any, Callable
 
 
 class Phases:
@@ -37,3 +37,25 @@ class Phases:
         """'12.4 s: checks 0.4 s, data 2.1 s, ...' for the end-of-fit log line."""
         parts = ", ".join(f"{name} {s:.2f} s" for name, s in self.seconds.items())
         return f"{self.total_s:.2f} s: {parts}"
+
+
+class Arrivals:
+    """When each rank of a stage said hello on its own channel (its task's Python is up; a
+    rank's last-words connection does not count), and when the last of ``world`` did: the
+    end of a stage's ``launch`` phase. A handler of Hello messages."""
+
+    def __init__(self, world: int = 0, clock: Callable[[], float] = time.perf_counter):
+        self.world, self.clock = world, clock
+        self.at: dict[int, float] = {}
+
+    def reset(self, world: int) -> None:
+        """A new stage (a relaunch) of ``world`` ranks."""
+        self.world, self.at = world, {}
+
+    def __call__(self, msg: Any, body: Any) -> None:
+        if body.role == "":
+            self.at.setdefault(msg.rank, self.clock())
+
+    @property
+    def all_up_at(self) -> float | None:
+        return max(self.at.values()) if self.world and len(self.at) >= self.world else None

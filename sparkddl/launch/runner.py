@@ -10,7 +10,7 @@ from sparkddl.config import optional_positive_int, positive_seconds
 from sparkddl.errors import ConfigError
 from sparkddl.launch import preflight
 from sparkddl.launch.launcher import launch_ranks, new_run_id
-from sparkddl.launch.phases import Phases
+from sparkddl.launch.phases import Arrivals, Phases
 from sparkddl.session import cluster_context
 from sparkddl.task.frameworks import warn_unsynced
 from sparkddl.task.script import Script, script
@@ -97,12 +97,7 @@ def launch(fn: Callable[..., Any] | str | os.PathLike, args: tuple, kwargs: dict
             else getattr(fn, "__qualname__", type(fn).__name__))
     log.info("run %s: starting %s on %d rank(s)", run_id, name, num_workers)
     groups: dict[int, int] = {}  # rank -> the largest process group it formed
-    hellos: dict[int, float] = {}  # rank -> when it said hello (its task's Python is up)
-
-    def hello(msg: Any, body: messages.Hello) -> None:
-        if body.role == "":
-            hellos.setdefault(msg.rank, phases.now())
-
+    arrivals = Arrivals(num_workers, phases.now)  # when each rank's task was up
     phases.end("checks")
     try:
         value = launch_ranks(sc, fn, args, kwargs, num_workers=num_workers, run_id=run_id,
@@ -110,10 +105,10 @@ def launch(fn: Callable[..., Any] | str | os.PathLike, args: tuple, kwargs: dict
                              description=f"{caller}({name}) x{num_workers}",
                              node_per_rank=node_per_rank,
                              handlers={messages.Done: lambda msg, body: groups.update(
-                                 {msg.rank: body.group}), messages.Hello: hello})
+                                 {msg.rank: body.group}), messages.Hello: arrivals})
     finally:
         # launch: until every rank's task has started; running: the function, to the end
-        phases.end("launch", max(hellos.values()) if len(hellos) == num_workers else None)
+        phases.end("launch", arrivals.all_up_at)
         phases.end("running")
         log.info("run %s in %s", run_id, phases.line())
     warn_unsynced(num_workers, list(groups.values()), caller)
