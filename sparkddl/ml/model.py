@@ -57,8 +57,10 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
         steps_per_rank (list[int]): optimizer steps each rank took.
         fit_time_s (float): the fit's wall-clock seconds.
         phases (dict[str, float]): where those seconds went, in order: ``checks`` (the
-            session, the executors' Python, the model and optimizer), ``data`` (listing,
-            materializing, planning), ``launch`` (until every rank's task has started),
+            session, the executors' Python, the model and optimizer; the data is looked
+            at beside the executors' check, so part of ``data`` runs before the wait for
+            it ends), ``data`` (validating, listing, materializing, planning), ``launch``
+            (until every rank's task has started),
             ``start`` (until rank 0's first step), ``training``, ``evaluation`` (what the
             driver still evaluated after the ranks ended) and ``end``.
         restarts (list[dict]): one dict per failed attempt: reason, checkpoint resumed from,
