@@ -35,6 +35,7 @@ VERSION_TESTS ?= tests/unit/test_stack.py tests/unit/session tests/unit/data tes
 	tests/integration/test_raw_columns.py tests/integration/test_lakehouse.py \
 	tests/integration/test_estimator.py::test_pipeline_fit_save_load_gives_identical_predictions \
 	tests/integration/test_scoring.py::test_a_parquet_table_is_scored_where_it_lies_as_spark_would_hand_it_over \
+	tests/integration/test_scoring.py::test_every_output_of_every_kind_of_model_is_what_the_module_gives \
 	tests/integration/test_connect.py tests/integration/test_first_fit.py \
 	tests/integration/test_distributor.py tests/integration/test_platform_install.py $(TIER_DOCS)
 # the README's examples (the digits fit) as a newcomer runs them; every page runs on the
