@@ -97,10 +97,13 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
     phases.end("checks")
     # what writes nothing goes on beside the check too: the data validated, and a table read
     # in place listed and planned; an error of its own waits for the check, whose comes first
+    # (a cancel does not wait)
     try:
         with bounded_jobs(sc, config.timeout_s, "while looking at the data"):
             looked = look_at_data(df, config)
-    except BaseException:
+    except JobCancelledError:
+        raise
+    except Exception:
         checked()
         raise
     phases.end("data")
