@@ -98,14 +98,18 @@ def fit(spark: Any, df: Any, model: Any, optimizer: Any, loss: Any, config: Trai
     # what writes nothing goes on beside the check too: the data validated, and a table read
     # in place listed and planned; an error of its own waits for the check, whose comes first
     # (a cancel does not wait)
+    failed: Exception | None = None
+    looked: PreparedData | str = ""
     try:
         with bounded_jobs(sc, config.timeout_s, "while looking at the data"):
             looked = look_at_data(df, config)
     except JobCancelledError:
         raise
-    except Exception:
-        checked()
-        raise
+    except Exception as exc:  # noqa: BLE001 - raised below, once the check has passed
+        failed = exc
+    if failed is not None:
+        checked()  # outside the handler: its error stands alone, not chained to this one
+        raise failed
     phases.end("data")
     checked()
     run_id = config.run_id or new_run_id()  # held even when new: a resume may name it

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import io
 import logging
+import uuid
 from typing import TYPE_CHECKING, Any, Callable
 
 from pyspark.ml import Model
@@ -194,7 +195,8 @@ class TorchModel(Model, HasTorchModelParams, MLReadable, MLWritable):
                                                 for field, name in fields.items()})
                 # every UDF in one projection (one Python runner: one forward pass a batch),
                 # the packed structs made arrays again above it
-                tmp = {field: f"__sparkddl_{field}" for field in fields}
+                tag = uuid.uuid4().hex[:8]  # no user's column
+                tmp = {field: f"__sparkddl_{field}_{tag}" for field in fields}
                 inner = dataset.withColumns({tmp[f]: udfs[f](*args) for f in fields})
                 return inner.withColumns({name: _as_vector(field, _unpacked(
                     F.col(tmp[field]), packs.get(field))) for field, name in fields.items()}

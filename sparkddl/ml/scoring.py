@@ -17,6 +17,7 @@ task's CPUs as torch threads.
 from __future__ import annotations
 
 import threading
+import uuid
 from typing import TYPE_CHECKING, Any, Callable
 
 import numpy as np
@@ -36,6 +37,7 @@ class _Last:
     batch can be taken for it) and the model's output."""
 
     lock = threading.Lock()
+    scorer: str = ""  # whose pass it was: two models' UDFs may share a projection
     batch: Any = None
     out: Any = None
 
@@ -117,13 +119,16 @@ def scorer(payload_bc: Any, features: list[str], kind: str, batch_rows: int,
     (Arrow arrays or pandas Series), the forward pass shared by the fields of that batch.
     With ``files`` (:class:`~sparkddl.ml.inplace.InPlace`), ``columns`` name each row's file
     and index in it instead, and the features are read there (:mod:`sparkddl.ml.inplace`)."""
+    token = uuid.uuid4().hex  # this scorer's, made on the driver: its UDFs share passes
+
     def score(field: str, columns: tuple) -> np.ndarray:
         import torch
 
         from sparkddl.ml.inference import task_device
         from sparkddl.task.archives import keep_spark_archives
         with _Last.lock:
-            if _Last.batch is not None and len(_Last.batch) == len(columns) and \
+            if _Last.scorer == token and _Last.batch is not None and \
+                    len(_Last.batch) == len(columns) and \
                     all(_same(a, b) for a, b in zip(_Last.batch, columns)):
                 return derive(kind, field, _Last.out)
         where, threads = task_device(device, trained_on_gpu)
@@ -142,7 +147,7 @@ def scorer(payload_bc: Any, features: list[str], kind: str, batch_rows: int,
                       column(_named(c, f), shapes.get(f)) for f, c in zip(features, columns)]
         out = forward(payload_bc.value.module(where), inputs, batch_rows, where)
         with _Last.lock:
-            _Last.batch, _Last.out = columns, out
+            _Last.scorer, _Last.batch, _Last.out = token, columns, out
         return derive(kind, field, out)
     return score
 
@@ -200,13 +205,13 @@ def packed(kind: str, output_width: int, fields: Any) -> dict[str, int]:
     """The array outputs among ``fields`` that transform's pandas UDFs (Spark before 4.1)
     return as a struct of ``width`` doubles (``_0``, ``_1``...), by field: pyspark turns each
     row of an array result into a Python list (about 1 CPU-s per column and million rows),
-    while a struct's fields go over as whole columns; the query makes the array again."""
-    if kind in (MULTICLASS, BINARY):
-        width = output_width if kind == MULTICLASS else 2
-        wide = {PROBABILITY: width, RAW: width}
-    else:
-        wide = {PREDICTION: output_width} if output_width > 1 else {}
-    return {f: w for f, w in wide.items() if f in fields and w <= PACKED_MAX}
+    while a struct's fields go over as whole columns; the query makes the array again.
+    A classifier's only: their widths are exact (a regression's output may have more
+    dimensions than its recorded last one, all flattened into the row)."""
+    if kind not in (MULTICLASS, BINARY):
+        return {}
+    width = output_width if kind == MULTICLASS else 2
+    return {f: width for f in (PROBABILITY, RAW) if f in fields and width <= PACKED_MAX}
 
 
 def packed_names(width: int) -> list[str]:

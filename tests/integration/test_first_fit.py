@@ -37,7 +37,7 @@ FIRST_FIT = textwrap.dedent("""
                        labelCol="label", numWorkers=2, store=STORE).fit(
                            spark.read.parquet(TABLE))
     except Exception as exc:
-        print("IN PLACE:", type(exc).__name__, str(exc)[:60])
+        print("IN PLACE:", type(exc).__name__, exc.__context__ is None, str(exc)[:60])
     estimator = TorchEstimator(model=net, optimizer=lambda p: torch.optim.Adam(p, lr=3e-3),
                                loss=torch.nn.CrossEntropyLoss(), featuresCol="features",
                                labelCol="label", batchSize=32, epochs=1, numWorkers=2,
@@ -72,5 +72,5 @@ def test_an_executor_python_without_sparkddl_is_named_before_any_job(tmp_path):
     assert "Py4JJavaError" not in out and "PythonException" not in out, out
     assert out.count("Traceback (most recent call last)") == 1, out
     assert not (tmp_path / "store").exists()  # nothing was prepared or written
-    assert "IN PLACE: ClusterError the executors' Python" in out, out
+    assert "IN PLACE: ClusterError True the executors' Python" in out, out  # no chained error
 

@@ -158,10 +158,13 @@ def test_every_output_of_every_kind_of_model_is_what_the_module_gives(spark_loca
     df = spark_local.createDataFrame([(i, row.tolist()) for i, row in enumerate(x)],
                                      "id long, features array<float>")
     cases = [(Problem.MULTICLASS, CLASSES), (Problem.MULTICLASS, PACKED_MAX + 1),
-             (Problem.BINARY, 1), (Problem.REGRESSION, 1), (Problem.REGRESSION, 2)]
+             (Problem.BINARY, 1), (Problem.REGRESSION, 1), (Problem.REGRESSION, 2),
+             (Problem.REGRESSION, (2, 3))]  # an output of rows of 2 x 3: 6 values a row
     for kind, width in cases:
-        torch.manual_seed(width)
-        net = torch.nn.Linear(WIDTH, width)
+        torch.manual_seed(7)
+        net = torch.nn.Linear(WIDTH, width) if isinstance(width, int) else \
+            torch.nn.Sequential(torch.nn.Linear(WIDTH, 6), torch.nn.Unflatten(1, width))
+        width = width if isinstance(width, int) else width[-1]  # as a fit records it
         model = TorchModel()
         model._factory = model_factory(net)
         model._arch, model._state = describe(model._factory), net.state_dict()
@@ -178,5 +181,8 @@ def test_every_output_of_every_kind_of_model_is_what_the_module_gives(spark_loca
             if field != "prediction":
                 assert all(isinstance(v, DenseVector) for v in got), (kind, width, field)
             got = np.array([np.asarray(v, dtype=np.float64) for v in got])
-            assert np.allclose(got, np.stack(values) if isinstance(values, list) else values,
-                               atol=1e-6), (kind, width, field)
+            values = np.stack(values) if isinstance(values, list) else np.asarray(values)
+            assert np.allclose(got, values.reshape(got.shape), atol=1e-6), (kind, width, field)
+        if kind == Problem.MULTICLASS:  # the three columns: one Python evaluation, one pass
+            plan = out._jdf.queryExecution().executedPlan().toString()
+            assert plan.count("EvalPython") == 1, plan

@@ -96,6 +96,22 @@ def test_the_output_columns_of_one_batch_share_one_forward_pass():
     assert np.array_equal(pandas(PREDICTION, (pd.Series(batch[0].to_pylist()),)), pred)
 
 
+def test_two_models_scoring_one_batch_each_run_their_own_pass():
+    """Two models' UDFs in one projection get the same batch: neither takes the other's
+    output for its own."""
+    first, second = Counting().eval(), Counting().eval()
+    scores = [scorer(SimpleNamespace(value=SimpleNamespace(module=lambda where, n=net: n)),
+                     ["x"], Problem.MULTICLASS, 1024, {"x": [4]}, "cpu", False, True)
+              for net in (first, second)]
+    batch = (pa.array(list(np.random.default_rng(1).random((5, 4), np.float32)),
+                      pa.list_(pa.float32())),)
+    raws = [score(RAW, batch) for score in scores]
+    assert first.calls == second.calls == 1
+    with torch.no_grad():
+        assert np.allclose(raws[1], second(torch.from_numpy(
+            arrow_column(batch[0], [4], "x"))).numpy())
+
+
 def test_array_outputs_go_back_as_arrow_lists_of_the_rows():
     values = np.arange(6, dtype=np.float64).reshape(3, 2)
     assert _to_arrow(values).to_pylist() == values.tolist()
