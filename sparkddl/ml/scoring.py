@@ -179,8 +179,11 @@ def _packing(score: Callable[[str, tuple], np.ndarray], field: str,
     def fn(*columns: pd.Series) -> pd.DataFrame:
         values = score(field, columns)
         if values.ndim != 2 or values.shape[1] != width:
-            raise ValueError(f"the model gives {values.shape[1:]} values a row for its "
-                             f"{field}, where it gave {width} when it was trained")
+            given = int(np.prod(values.shape[1:])) if values.ndim > 1 else 1
+            raise ValueError(f"the model gives {given} value(s) a row for its {field} where "
+                             f"it gave {width} when it was trained: its output changed since "
+                             "the fit (other weights or code); fit it again, or load the "
+                             "model that was saved with it")
         return pd.DataFrame(values, columns=pd.Index(names))
     return fn
 

@@ -16,6 +16,7 @@ from sparkddl.ml.scoring import (
     PREDICTION,
     PROBABILITY,
     RAW,
+    _packing,
     _to_arrow,
     arrow_column,
     derive,
@@ -116,3 +117,13 @@ def test_array_outputs_go_back_as_arrow_lists_of_the_rows():
     values = np.arange(6, dtype=np.float64).reshape(3, 2)
     assert _to_arrow(values).to_pylist() == values.tolist()
     assert _to_arrow(values[:, 0]).to_pylist() == [0.0, 2.0, 4.0]
+
+
+def test_a_packed_output_of_another_width_is_named_with_the_fix():
+    rows = np.zeros((3, 5))
+    packing = _packing(lambda field, columns: rows, PROBABILITY, 4)
+    with pytest.raises(ValueError, match="gives 5 value.s. a row for its probability where it "
+                                         "gave 4 when it was trained.*fit it again"):
+        packing(pd.Series([1.0, 2.0, 3.0]))
+    frame = _packing(lambda field, columns: rows, PROBABILITY, 5)(pd.Series([1.0, 2.0, 3.0]))
+    assert list(frame.columns) == ["_0", "_1", "_2", "_3", "_4"] and frame.shape == (3, 5)
