@@ -16,6 +16,7 @@ from sparkddl.export.portable import column, outputs
 
 _models: dict[str, Any] = {}
 _lock = threading.Lock()
+_unsettled: set[str] = set()  # models built here that no batch has run through yet
 
 
 @dataclass(frozen=True)
@@ -47,10 +48,15 @@ class ModelPayload:
         key = f"{self.key}@{device}"
         with _lock:
             if key not in _models:
+                if _models:  # the model kept before goes, and it may have been frozen
+                    _models.clear()
+                    _unsettled.clear()
+                    from sparkddl.task.frozen import thaw
+                    thaw()
                 state = load_plain(self.weights, "the model's weights shipped by the driver")
                 if self.program is not None:
                     from sparkddl.export.program import load
-                    module = load(self.program, state, device)
+                    module = checked_once_per_shape(load(self.program, state, device))
                 else:
                     from sparkddl.ml.architecture import rebuild, trusted_loading
                     with trusted_loading():  # our own fitted model, shipped by this application
@@ -58,9 +64,21 @@ class ModelPayload:
                                          "the driver")
                     module.load_state_dict(state)
                     module.to(device)
-                _models.clear()  # keep one model per worker: the latest one used
-                _models[key] = exported_eval(module)
+                _models[key] = exported_eval(module)  # one model per worker: the latest
+                _unsettled.add(key)
             return _models[key]
+
+
+def settle() -> None:
+    """After a batch has run through this worker's model: where it was the model's first,
+    freeze what is alive (:mod:`sparkddl.task.frozen`): the imports, the model, and what its
+    first pass imported, out of the full collection pyspark runs after every task."""
+    if _unsettled:
+        with _lock:
+            if _unsettled:
+                _unsettled.clear()
+                from sparkddl.task.frozen import freeze
+                freeze()
 
 
 def raw_column(series: Any, spec: dict[str, Any] | None = None) -> Any:
@@ -78,6 +96,37 @@ def raw_column(series: Any, spec: dict[str, Any] | None = None) -> Any:
     if spec.get("encoding") == "varlist":
         return object_rows([np.asarray(v, dtype=spec.get("dtype", "float32")) for v in values])
     return column(series, spec.get("shape") or None)
+
+
+def checked_once_per_shape(module: Any) -> Any:
+    """A torch.export module whose input check (a forward pre-hook of torch's that walks
+    every input's dimensions against the program's constraints) runs once per set of input
+    shapes, not at every call: the check reads the inputs' shapes and nothing else, and a
+    scoring task sends batches of one shape (at 1,024-row batches the check was 5-6 % of the
+    Python workers' CPU). Inputs other than tensors are checked at every call, as before."""
+    hooks = getattr(module, "_forward_pre_hooks", None)
+    if not hooks:
+        return module
+    for hook_id, hook in list(hooks.items()):
+        if getattr(hook, "__name__", "") == "_check_input_constraints_pre_hook":
+            hooks[hook_id] = _once_per_shape(hook)
+    return module
+
+
+def _once_per_shape(check: Any) -> Any:
+    import torch
+    passed: set[Any] = set()
+
+    def once(module: Any, args: Any, kwargs: Any) -> Any:
+        values = [*args, *kwargs.values()] if kwargs else list(args)
+        if not all(isinstance(v, torch.Tensor) for v in values):
+            return check(module, args, kwargs)
+        key = (tuple((tuple(v.shape), v.dtype) for v in values), tuple(kwargs or ()))
+        if key not in passed:
+            check(module, args, kwargs)  # raises where the shapes do not fit the program
+            passed.add(key)
+        return None
+    return once
 
 
 def exported_eval(module: Any) -> Any:
@@ -170,8 +219,10 @@ def predict_batches(payload_bc: Any, features: list[str], kind: str, batch_rows:
         if payload.transform:
             from pyspark import cloudpickle
             transform = cloudpickle.loads(payload.transform)  # shipped by this application
-        yield from _predict_frames(payload.module(where), features, kind, batch_rows,
-                                   shapes, frames, where, transform, payload.columns)
+        for frame in _predict_frames(payload.module(where), features, kind, batch_rows,
+                                     shapes, frames, where, transform, payload.columns):
+            settle()
+            yield frame
     finally:
         torch.set_num_threads(saved)
 

@@ -124,7 +124,7 @@ def scorer(payload_bc: Any, features: list[str], kind: str, batch_rows: int,
     def score(field: str, columns: tuple) -> np.ndarray:
         import torch
 
-        from sparkddl.ml.inference import task_device
+        from sparkddl.ml.inference import settle, task_device
         from sparkddl.task.archives import keep_spark_archives
         with _Last.lock:
             if _Last.scorer == token and _Last.batch is not None and \
@@ -146,6 +146,7 @@ def scorer(payload_bc: Any, features: list[str], kind: str, batch_rows: int,
             inputs = [arrow_column(c, shapes.get(f), f) if arrow else
                       column(_named(c, f), shapes.get(f)) for f, c in zip(features, columns)]
         out = forward(payload_bc.value.module(where), inputs, batch_rows, where)
+        settle()
         with _Last.lock:
             _Last.scorer, _Last.batch, _Last.out = token, columns, out
         return derive(kind, field, out)

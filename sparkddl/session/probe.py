@@ -64,6 +64,11 @@ def probe(rows):
                 importlib.import_module(name)
             except Exception:  # the rank that needs it says why
                 pass
+    if found["sparkddl"]:
+        try:  # what was imported, out of the collection pyspark runs after each task
+            importlib.import_module("sparkddl.task.frozen").freeze()
+        except Exception:
+            pass
     yield json.dumps(found)
 
 

@@ -26,6 +26,7 @@ from sparkddl.task.affinity import pinned
 from sparkddl.task.archives import keep_spark_archives
 from sparkddl.task.dist import note_visible_devices, task_device_index
 from sparkddl.task.frameworks import GroupWatch, reset_library_state, restored_environ
+from sparkddl.task.frozen import freeze_once
 from sparkddl.task.gpu import map_gpu_addresses
 from sparkddl.task.heartbeat import Heartbeat
 from sparkddl.task.last_words import exit_message, fatal_signals, reported_exits
@@ -46,6 +47,7 @@ def barrier_entry(spec: TaskSpec, _rows: Iterable[Any]) -> Iterator[bytes]:
     from pyspark import BarrierTaskContext, cloudpickle
 
     keep_spark_archives()  # this worker's next tasks (the next fit's ranks) start sooner
+    freeze_once()  # the imports, before the user's code is unpickled (sparkddl.task.frozen)
 
     spark_ctx = BarrierTaskContext.get()
     rank = spark_ctx.partitionId()

@@ -22,6 +22,10 @@ def main() -> None:
             importlib.import_module(name)
         except Exception:  # noqa: BLE001 - a worker that needs it says why
             pass
+    # the workers fork with it out of the collection pyspark runs after each task, and
+    # no collection writes to the pages they share (sparkddl.task.frozen)
+    import gc
+    gc.freeze()
     from pyspark.daemon import manager
     manager()
 

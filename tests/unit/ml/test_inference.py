@@ -77,3 +77,35 @@ def test_feature_rows_that_cannot_feed_the_model_are_named_with_the_fix():
         column(short, [8, 8])
     assert column(pd.Series([np.ones(64)] * 2, name="pixels"), [8, 8]).shape == (2, 8, 8)
     assert column(pd.Series([1.0, float("nan")], name="x"), None).shape == (2,)  # NaN predicts NaN
+
+
+def test_an_exported_models_input_check_runs_once_per_shape_and_still_refuses(monkeypatch):
+    """torch.export's check of the inputs against the program (a pre-hook at every call) runs
+    once per set of shapes; an input that does not fit is refused at every call."""
+    from torch.export import _unlift
+
+    from sparkddl.ml.inference import checked_once_per_shape
+    batch = torch.export.Dim("batch")
+    program = torch.export.export(torch.nn.Linear(3, 2).eval(), (torch.ones(4, 3),),
+                                  dynamic_shapes=({0: batch},))
+    module = checked_once_per_shape(program.module())
+    checks = []
+
+    def counted(real):
+        def check(*args):
+            checks.append(1)
+            return real(*args)
+        return check
+    for name in ("_check_input_constraints_for_module", "_check_inputs_match"):
+        if hasattr(_unlift, name):  # what the hook calls (torch 2.6: the first only)
+            monkeypatch.setattr(_unlift, name, counted(getattr(_unlift, name)))
+    x = torch.randn(5, 3)
+    plain = program.module()
+    for _ in range(3):
+        assert torch.equal(module(x), plain(x))
+    assert len(checks) == 1 + 3  # the plain module checks at every call
+    module(torch.ones(7, 3))
+    assert len(checks) == 5
+    for _ in range(2):
+        with pytest.raises(Exception, match="3"):  # torch names the width it expects
+            module(torch.ones(5, 4))
