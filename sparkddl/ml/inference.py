@@ -16,7 +16,14 @@ from sparkddl.export.portable import column, outputs
 
 _models: dict[str, Any] = {}
 _lock = threading.Lock()
-_unsettled: set[str] = set()  # models built here that no batch has run through yet
+
+
+class _Kept:
+    """The kept model's standing with the collector (:mod:`sparkddl.task.frozen`): the task
+    attempt that built it, and whether it has been frozen since."""
+
+    built_in: Any = None
+    frozen = False
 
 
 @dataclass(frozen=True)
@@ -48,11 +55,11 @@ class ModelPayload:
         key = f"{self.key}@{device}"
         with _lock:
             if key not in _models:
-                if _models:  # the model kept before goes, and it may have been frozen
-                    _models.clear()
-                    _unsettled.clear()
+                _models.clear()  # one model per worker: the latest one used
+                if _Kept.frozen:  # the one kept before, frozen: the collector may free it
                     from sparkddl.task.frozen import thaw
                     thaw()
+                    _Kept.frozen = False
                 state = load_plain(self.weights, "the model's weights shipped by the driver")
                 if self.program is not None:
                     from sparkddl.export.program import load
@@ -64,21 +71,30 @@ class ModelPayload:
                                          "the driver")
                     module.load_state_dict(state)
                     module.to(device)
-                _models[key] = exported_eval(module)  # one model per worker: the latest
-                _unsettled.add(key)
+                _models[key] = exported_eval(module)
+                _Kept.built_in = task_attempt()
             return _models[key]
 
 
+def task_attempt() -> Any:
+    """This task's attempt id (None outside a Spark task)."""
+    from pyspark import TaskContext
+    ctx = TaskContext.get()
+    return ctx.taskAttemptId() if ctx is not None else None
+
+
 def settle() -> None:
-    """After a batch has run through this worker's model: where it was the model's first,
-    freeze what is alive (:mod:`sparkddl.task.frozen`): the imports, the model, and what its
-    first pass imported, out of the full collection pyspark runs after every task."""
-    if _unsettled:
+    """At a scoring task's start, before anything of the user's is unpickled: where this
+    worker keeps a model that an earlier task built (and ran: what its first pass imported
+    is loaded too), freeze what is alive (:mod:`sparkddl.task.frozen`), the imports and that
+    model, out of the full collection pyspark runs after every task. Not in the task that
+    built it, so a task that goes from model to model freezes none of them."""
+    if _models and not _Kept.frozen:
         with _lock:
-            if _unsettled:
-                _unsettled.clear()
+            if _models and not _Kept.frozen and _Kept.built_in != task_attempt():
                 from sparkddl.task.frozen import freeze
                 freeze()
+                _Kept.frozen = True
 
 
 def raw_column(series: Any, spec: dict[str, Any] | None = None) -> Any:
@@ -214,15 +230,14 @@ def predict_batches(payload_bc: Any, features: list[str], kind: str, batch_rows:
     if ctx is not None:
         torch.set_num_threads(max(1, int(ctx.cpus())))
     try:
+        settle()  # before the transformFn is unpickled
         payload = payload_bc.value
         transform = None
         if payload.transform:
             from pyspark import cloudpickle
             transform = cloudpickle.loads(payload.transform)  # shipped by this application
-        for frame in _predict_frames(payload.module(where), features, kind, batch_rows,
-                                     shapes, frames, where, transform, payload.columns):
-            settle()
-            yield frame
+        yield from _predict_frames(payload.module(where), features, kind, batch_rows,
+                                   shapes, frames, where, transform, payload.columns)
     finally:
         torch.set_num_threads(saved)
 

@@ -131,6 +131,7 @@ def scorer(payload_bc: Any, features: list[str], kind: str, batch_rows: int,
                     len(_Last.batch) == len(columns) and \
                     all(_same(a, b) for a, b in zip(_Last.batch, columns)):
                 return derive(kind, field, _Last.out)
+        settle()  # a model an earlier task built, out of pyspark's per-task collection
         where, threads = task_device(device, trained_on_gpu)
         keep_spark_archives()  # the worker's next tasks start ~0.1 s sooner
         # the task's CPUs, kept after the batch: a worker's pool of more threads than its
@@ -146,7 +147,6 @@ def scorer(payload_bc: Any, features: list[str], kind: str, batch_rows: int,
             inputs = [arrow_column(c, shapes.get(f), f) if arrow else
                       column(_named(c, f), shapes.get(f)) for f, c in zip(features, columns)]
         out = forward(payload_bc.value.module(where), inputs, batch_rows, where)
-        settle()
         with _Last.lock:
             _Last.scorer, _Last.batch, _Last.out = token, columns, out
         return derive(kind, field, out)

@@ -12,9 +12,10 @@ before, so only what is frozen and later dropped inside a reference cycle stays 
 
 So the workers sparkddl runs in freeze where what is alive is meant to last: the executors'
 check once it has imported sparkddl, torch and what the ranks import first; a rank's task
-before it unpickles the user's code (once per worker); a scoring worker once its model has
-run its first batch (and it thaws, and collects once, when it drops that model for
-another); the opt-in worker daemon (:mod:`sparkddl.task.daemon`) before it forks.
+before it unpickles the user's code (once per worker); a scoring task, before it unpickles
+a transformFn, where the worker keeps a model an earlier task built (it thaws, and collects
+once, when it drops that model for another); the opt-in worker daemon
+(:mod:`sparkddl.task.daemon`) before it forks.
 """
 from __future__ import annotations
 
