@@ -17,7 +17,7 @@ SCRIPT = textwrap.dedent('''
 
     # the executors' check: what it imported is frozen
     print("probe", list(_probe_function("probe")([])) != [], gc.get_freeze_count() > 100_000)
-    gc.unfreeze(); gc.collect()
+    gc.unfreeze(); gc.collect()  # (Python 3.12's collector keeps a few hundred of its own frozen)
 
     class Net(torch.nn.Module):  # a model in a reference cycle: only the collector frees it
         def __init__(self):
@@ -44,7 +44,7 @@ SCRIPT = textwrap.dedent('''
     rows = lambda n: pa.array([[0.5, 1.0, 2.0]] * n, pa.list_(pa.float32()))
     tracked = len(gc.get_objects())
     score("prediction", (rows(5),))
-    print("not in the task that built it", gc.get_freeze_count() == 0)
+    print("not in the task that built it", gc.get_freeze_count() < 10_000)
     attempt[0] = 2
     score("prediction", (rows(6),))  # the next task: the model and the imports are frozen
     print("next task", gc.get_freeze_count() > 100_000, len(gc.get_objects()) < tracked // 10)
@@ -53,7 +53,6 @@ SCRIPT = textwrap.dedent('''
     print("frozen kept", first() is not None)
     other = scorer(Shipped(2), ["f"], "regression", 4, {"f": [3]}, "cpu", False, True)
     other("prediction", (rows(7),))  # another model: the first is freed, cycle and all
-    # (Python 3.12's collector keeps a few hundred objects of its own frozen)
     print("dropped freed", first() is None, gc.get_freeze_count() < 10_000)
     other("prediction", (rows(8),))
     print("not again in the task that switched", gc.get_freeze_count() < 10_000)
