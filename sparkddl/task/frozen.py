@@ -5,7 +5,7 @@ A reused Python worker runs ``gc.collect()`` after each task (pyspark's ``daemon
 full collection walks every object the cyclic collector tracks, and a worker that has
 imported torch tracks about 330,000 of them: 0.15-0.18 s of CPU after every task (Python
 3.11, torch 2.13; measured), a quarter of the Python workers' CPU while ``transform``
-scored 1 M rows on local[2] (8 tasks a pass). ``gc.freeze()`` moves the objects tracked now
+scored 1 M rows on local[2] (3 tasks a pass). ``gc.freeze()`` moves the objects tracked now
 to a permanent generation that no collection walks; reference counting frees them as
 before, so only what is frozen and later dropped inside a reference cycle stays in memory
 (until :func:`thaw`, or the worker's end).
