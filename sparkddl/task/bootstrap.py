@@ -47,7 +47,6 @@ def barrier_entry(spec: TaskSpec, _rows: Iterable[Any]) -> Iterator[bytes]:
     from pyspark import BarrierTaskContext, cloudpickle
 
     keep_spark_archives()  # this worker's next tasks (the next fit's ranks) start sooner
-    freeze_once()  # the imports, before the user's code is unpickled (sparkddl.task.frozen)
 
     spark_ctx = BarrierTaskContext.get()
     rank = spark_ctx.partitionId()
@@ -203,6 +202,7 @@ def rank_environment(spec: TaskSpec, spark_ctx: Any, channel: RankChannel,
     import torch
     import torch.distributed as dist
 
+    freeze_once()  # torch's objects, before the user's code is unpickled (task.frozen)
     status["phase"] = "joining the rendezvous"
     rank, world = spark_ctx.partitionId(), spec.num_workers
     hosts = [executor_address(info.address) for info in spark_ctx.getTaskInfos()]

@@ -12,10 +12,10 @@ before, so only what is frozen and later dropped inside a reference cycle stays 
 
 So the workers sparkddl runs in freeze where what is alive is meant to last: the executors'
 check once it has imported sparkddl, torch and what the ranks import first; a rank's task
-before it unpickles the user's code (once per worker); a scoring task, before it unpickles
-a transformFn, where the worker keeps a model an earlier task built (it thaws, and collects
-once, when it drops that model for another); the opt-in worker daemon
-(:mod:`sparkddl.task.daemon`) before it forks.
+once it has imported torch, before it unpickles the user's code (once per worker); a scoring
+task, before it unpickles a transformFn, where the worker keeps a model an earlier task built
+(it thaws, and collects once, when it drops that model for another); the opt-in worker
+daemon (:mod:`sparkddl.task.daemon`) before it forks.
 """
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ def freeze() -> None:
 
 
 def freeze_once() -> None:
-    """:func:`freeze`, the first time this process calls it: at a task's start, where what
-    is alive besides the imports is pyspark's own for the task."""
+    """:func:`freeze`, the first time this process calls it: early in a rank's task, where
+    what is alive besides the imports is pyspark's and sparkddl's own for the task."""
     if not _once[0]:
         _once[0] = True
         gc.freeze()
