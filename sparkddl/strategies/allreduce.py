@@ -13,10 +13,12 @@ from typing import TYPE_CHECKING, Any
 
 from sparkddl.errors import ConfigError
 from sparkddl.strategies.base import Strategy, option
+from sparkddl.strategies.comm import tensor_bytes
 from sparkddl.strategies.compression import Cast, Codec, Sign, TopK
 from sparkddl.strategies.powersgd import PowerSGD
 from sparkddl.strategies.tensors import GradientSync, broadcast_, broadcast_module
-from sparkddl.task.context import collective
+from sparkddl.task.context import collective, current, is_active
+from sparkddl.task.host_memory import HostGroup, usable_here
 
 if TYPE_CHECKING:
     import torch
@@ -46,6 +48,9 @@ class AllReduce(Strategy):
         rank: int = option(2, "PowerSGD's rank (compression=powersgd)")
         ratio: float = option(0.01, "share of entries top-k sends (compression=topk)")
         warmup_steps: int = option(10, "plain allreduce steps before a compression starts")
+        shared_memory: bool = option(True, "on CPU with every rank on one host, average "
+                                     "through shared memory instead of gloo (compression="
+                                     "none); false: always the process group")
 
     def __init__(self, **options: Any):
         super().__init__(**options)
@@ -59,10 +64,12 @@ class AllReduce(Strategy):
         self.wrapped: Any = None  # the DDP module (overlap=True)
         self.alone = False  # one rank, no compression: nothing to average, nothing wrapped
         self._buckets: tuple[int, int] | None = None
+        self.host: HostGroup | None = None  # every rank on one host: shared memory
 
     def check_options(self) -> None:
         self.check_number("bucket_cap_mb", 0, low_inclusive=False)
         self.check_bool("overlap")
+        self.check_bool("shared_memory")
         self.check_choice("compression", COMPRESSIONS)
         self.check_int("rank", 1)
         self.check_number("ratio", 0, 1, low_inclusive=False)
@@ -100,13 +107,16 @@ class AllReduce(Strategy):
         # parameter index: codec state is keyed by it, whichever bucket a parameter is in
         self.keys = {id(p): i for i, p in enumerate(module.parameters())}
         cap_bytes = int(self.options["bucket_cap_mb"] * (1 << 20))
+        self.host = self._host_group(module)
         if self.options["overlap"]:
             from torch.nn.parallel import DistributedDataParallel as DDP
 
             with collective("DDP's setup (rank 0's weights broadcast to every rank)"):
                 ddp = DDP(module, bucket_cap_mb=self.options["bucket_cap_mb"])
             self.wrapped = ddp
-            if self.options["compression"] == "none":
+            if self.host is not None:
+                ddp.register_comm_hook(self, _host_hook)
+            elif self.options["compression"] == "none":
                 # DDP's own C++ allreduce: a Python hook per bucket costs ~8 % of a small
                 # model's step; the traffic is counted from DDP's bucket sizes instead
                 self.ddp = ddp
@@ -118,8 +128,38 @@ class AllReduce(Strategy):
         self.sync = GradientSync(list(module.parameters()), cap_bytes, self.exchange)
         return module
 
+    def _host_group(self, module: Any) -> HostGroup | None:
+        """Shared memory where every rank runs on this host on the CPU (the same answer on
+        every rank; the group forms only if every rank can join it)."""
+        if not self.options["shared_memory"] or self.options["compression"] != "none" \
+                or not is_active():
+            return None
+        ctx = current()
+        params = [p for p in module.parameters() if p.requires_grad]
+        if ctx.use_gpu or ctx.store is None or not params \
+                or any(p.device.type != "cpu" for p in params) \
+                or not usable_here(ctx.world_size, ctx.local_world_size):
+            return None
+        largest = sum(p.numel() * p.element_size() for p in params)
+        with collective("the shared-memory group's setup (every rank joins it)"):
+            return HostGroup.open(ctx.store, ctx.rank, ctx.world_size,
+                                  ctx.collective_timeout_s, largest,
+                                  f"{ctx.run_id}-{ctx.attempt}")
+
+    def average_here(self, flat: "torch.Tensor") -> "Future":
+        """``flat`` averaged through the shared-memory group, as a finished future."""
+        import torch
+
+        assert self.host is not None
+        self.comm.add(tensor_bytes(flat))
+        done: Future = torch.futures.Future()
+        done.set_result(self.host.average_(flat))
+        return done
+
     def exchange(self, flat: "torch.Tensor", keys: list[int],
                  shapes: list["torch.Size"]) -> "Future":
+        if self.host is not None:
+            return self.average_here(flat)
         codec = self.plain if self.steps < self.options["warmup_steps"] else self.codec
         return codec.exchange(flat, keys, shapes)
 
@@ -170,6 +210,11 @@ class AllReduce(Strategy):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.steps = int(state["steps"])
         self.codec.load_state_dict(state["codec"])
+
+
+def _host_hook(strategy, bucket):  # noqa: ANN001 - DDP checks annotations: leave them off
+    """DDP communication hook: the bucket averaged through shared memory."""
+    return strategy.average_here(bucket.buffer())
 
 
 def _bucket_hook(strategy, bucket):  # noqa: ANN001 - DDP checks annotations: leave them off

@@ -29,6 +29,7 @@ from sparkddl.task.frameworks import GroupWatch, reset_library_state, restored_e
 from sparkddl.task.frozen import freeze_once
 from sparkddl.task.gpu import map_gpu_addresses
 from sparkddl.task.heartbeat import Heartbeat
+from sparkddl.task.host_memory import close_all as close_host_groups
 from sparkddl.task.last_words import exit_message, fatal_signals, reported_exits
 from sparkddl.task.logs import forward_output
 from sparkddl.task.network import executor_address, executor_id, interface_env, rank_label
@@ -242,6 +243,7 @@ def rank_environment(spec: TaskSpec, spark_ctx: Any, channel: RankChannel,
             # the Python worker is reused by later tasks: everything below must run
             context.set_current(None)
             try:
+                close_host_groups()  # their peers' waits end at once
                 if dist.is_available():
                     release_process_groups()
                 reset_library_state()

@@ -43,8 +43,15 @@ def _equivalence(rank: int, world: int) -> dict:
     out = {}
     for key, options in _allreduce_variants(warmup_steps=1):
         module = _mlp()
-        _fit(strategies.create("allreduce", options), module, [(x[mine], y[mine])] * 5, [0.1])
+        strategy = strategies.create("allreduce", options)
+        _fit(strategy, module, [(x[mine], y[mine])] * 5, [0.1])
         out[key] = _flat(module)
+        out[("shared memory",) + key] = strategy.host is not None
+    for overlap in (True, False):  # the process group (gloo) instead of shared memory
+        module = _mlp()
+        _fit(strategies.create("allreduce", {"overlap": overlap, "shared_memory": False}),
+             module, [(x[mine], y[mine])] * 5, [0.1])
+        out[("gloo", overlap)] = _flat(module)
     return out
 
 
@@ -115,6 +122,17 @@ def test_two_ranks_match_one_rank_with_the_whole_batch(equivalence, overlap):
     for rank_result in equivalence:
         torch.testing.assert_close(rank_result[("none", overlap)], _flat(module), rtol=1e-5,
                                    atol=1e-6)
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
+@pytest.mark.parametrize("overlap", [True, False])
+def test_shared_memory_gives_the_bits_gloo_gives(equivalence, overlap):
+    """Two ranks on one host average through shared memory (compression none), and train to
+    exactly the weights the gloo allreduce gives; a compression keeps its collectives."""
+    for rank_result in equivalence:
+        assert rank_result[("shared memory", "none", overlap)]
+        assert not rank_result[("shared memory", "fp16", overlap)]
+        assert torch.equal(rank_result[("none", overlap)], rank_result[("gloo", overlap)])
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
