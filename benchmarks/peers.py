@@ -10,7 +10,7 @@ Systems, each in a fresh process of its own (so each pays its own cold start: a 
 or a Ray cluster, of its own; nothing is shared between systems):
   - floor: one process, no framework: the files read with pyarrow into tensors, a plain loop
     (a new permutation each epoch) on 1 torch thread;
-  - ddp: plain torch DDP without Spark, the ceiling of an allreduce fit on these files:
+  - ddp: plain torch DDP without Spark (gloo's allreduce, as a hand-written script has it):
     ``workers`` processes spawned by torch.multiprocessing (gloo, 1 thread each), each
     reading its share of the files (``files[rank::world]``) with pyarrow into tensors, then
     the same loop (a new permutation each epoch, equal steps on every rank);
@@ -169,7 +169,7 @@ def run_floor(table: Path, hp: Hyper, work: Path) -> dict[str, Any]:
 # ------------------------------------------------------------------------ plain DDP
 
 def run_ddp(table: Path, hp: Hyper, work: Path) -> dict[str, Any]:
-    """The ceiling of an allreduce fit: torch DDP in ``workers`` spawned processes (gloo,
+    """A hand-written allreduce fit: torch DDP in ``workers`` spawned processes (gloo,
     1 thread each), each rank reading its share of the files with pyarrow; no Spark."""
     import side_by_side
     from common import spawn_ranks
@@ -650,13 +650,13 @@ def summary(rows: list[dict[str, Any]]) -> str:
             f"workers to launch) and {floor['steady_samples_per_s_per_rank']:,.0f} samples/s; "
             f"sparkddl's ranks run {ratio:.2f} x that each ({ratio * ours['ranks']:.2f} x "
             f"together): 2 ranks share the 2 cores with Spark's JVM and average the gradients "
-            f"(a gloo allreduce) every step")
+            f"every step (through shared memory: both ranks are on this host)")
     lines += ["", *fixed_costs(ours, rows), ""]
     ddp = next((r for r in rows if r["key"] == DDP and "error" not in r), None)
     if ddp is not None:
         ratio = ours["steady_samples_per_s_per_rank"] / ddp["steady_samples_per_s_per_rank"]
         lines.append(
-            f"- plain DDP without Spark (not a peer: the ceiling of an allreduce fit here) "
+            f"- plain DDP without Spark (not a peer: a hand-written allreduce fit, gloo) "
             f"runs its ranks at {ddp['steady_samples_per_s_per_rank']:,.0f} samples/s each and "
             f"takes {ddp['cold_wall_s']:.1f} s cold, {sum(ddp['epoch_times_s']):.1f} s of it "
             f"in the epochs; sparkddl's ranks run {ratio:.2f} x that, and its cold wall is "

@@ -16,9 +16,14 @@ from sparkddl.strategies.base import Strategy, option
 from sparkddl.strategies.comm import tensor_bytes
 from sparkddl.strategies.compression import Cast, Codec, Sign, TopK
 from sparkddl.strategies.powersgd import PowerSGD
-from sparkddl.strategies.tensors import GradientSync, broadcast_, broadcast_module
+from sparkddl.strategies.tensors import (
+    GradientSync,
+    allreduce_mean,
+    broadcast_,
+    broadcast_module,
+)
 from sparkddl.task.context import collective, current, is_active
-from sparkddl.task.host_memory import HostGroup, usable_here
+from sparkddl.task.host_memory import HostGroup, one_host
 
 if TYPE_CHECKING:
     import torch
@@ -129,22 +134,22 @@ class AllReduce(Strategy):
         return module
 
     def _host_group(self, module: Any) -> HostGroup | None:
-        """Shared memory where every rank runs on this host on the CPU (the same answer on
-        every rank; the group forms only if every rank can join it)."""
+        """Shared memory where every rank runs on this host on the CPU. What decides it
+        before the group's votes is the same on every rank; the rest is each rank's vote."""
         if not self.options["shared_memory"] or self.options["compression"] != "none" \
                 or not is_active():
             return None
         ctx = current()
-        params = [p for p in module.parameters() if p.requires_grad]
-        if ctx.use_gpu or ctx.store is None or not params \
-                or any(p.device.type != "cpu" for p in params) \
-                or not usable_here(ctx.world_size, ctx.local_world_size):
+        if ctx.use_gpu or ctx.store is None or not one_host(ctx.world_size,
+                                                             ctx.local_world_size):
             return None
+        params = [p for p in module.parameters() if p.requires_grad]
+        unable = "" if params and all(p.device.type == "cpu" for p in params) else \
+            f"rank {ctx.rank}'s parameters are not all on the CPU"
         largest = sum(p.numel() * p.element_size() for p in params)
         with collective("the shared-memory group's setup (every rank joins it)"):
             return HostGroup.open(ctx.store, ctx.rank, ctx.world_size,
-                                  ctx.collective_timeout_s, largest,
-                                  f"{ctx.run_id}-{ctx.attempt}")
+                                  ctx.collective_timeout_s, largest, unable)
 
     def average_here(self, flat: "torch.Tensor") -> "Future":
         """``flat`` averaged through the shared-memory group, as a finished future."""
@@ -213,8 +218,15 @@ class AllReduce(Strategy):
 
 
 def _host_hook(strategy, bucket):  # noqa: ANN001 - DDP checks annotations: leave them off
-    """DDP communication hook: the bucket averaged through shared memory."""
-    return strategy.average_here(bucket.buffer())
+    """DDP communication hook: the bucket averaged through shared memory; a sparse one (an
+    embedding's sparse gradients) through the process group, as DDP's own reduction does
+    (every rank has the same buckets, so the ranks stay in step)."""
+    import torch
+
+    flat = bucket.buffer()
+    if flat.layout is not torch.strided:
+        return allreduce_mean(flat, strategy.comm)
+    return strategy.average_here(flat)
 
 
 def _bucket_hook(strategy, bucket):  # noqa: ANN001 - DDP checks annotations: leave them off

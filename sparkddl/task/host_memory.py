@@ -1,11 +1,11 @@
 """Gradient averaging through shared memory, for ranks that all run on one host (CPU).
 
 Over gloo, two ranks on one host average a 330 KB gradient bucket in 1.7-2.0 ms (loopback
-TCP, several round trips), as long as the forward and backward pass of a small model
-together. Here each rank writes its bucket (already divided by the world size, as DDP does)
-into its own slot of one shared-memory file, tells every peer with one byte on a Unix socket,
-waits for theirs, and adds the slots up in rank order: about 0.1 ms for the same bucket, and
-every rank gets the same bits, because every rank adds the same numbers in the same order.
+TCP, several round trips), as long as the rest of a small model's step. Here each rank
+writes its bucket (already divided by the world size, as DDP does) into its own slot of one
+shared memory, tells every peer with one byte on a Unix socket, waits for theirs, and adds
+the slots up in rank order: 0.06 ms for the same bucket, and every rank gets the same bits,
+because every rank adds the same numbers in the same order.
 
 The bytes on the sockets are the only synchronization: a write on a socket and the peer's
 read of it order the slot's contents (the kernel's locks make the write visible), on any CPU
@@ -15,10 +15,12 @@ peer has said it reached step ``k + 1``, which each says only after it finished 
 so the ranks waiting for it fail at once with its rank named; a peer that hangs is waited for
 up to the collective timeout.
 
-A group forms only when every rank agrees (through the run's store): every rank on one host,
-``/dev/shm`` there with room for the slots, and the sockets connected. Otherwise every rank
-keeps the process group (gloo), and the fit runs as it did. The shared file is unlinked as
-soon as every rank has mapped it, so nothing is left behind on any path.
+A group forms only when every rank agrees (three votes through the run's store): every rank
+able to join (Linux; its parameters on the CPU), rank 0's memory made, the sockets
+connected, each peer known by its process id, and the memory mapped. Otherwise every rank
+keeps the process group (gloo), and the fit runs as it did. The memory is an anonymous file
+(``memfd_create``) that rank 0 hands to each peer over its socket: nothing is named, in
+``/dev/shm`` or elsewhere, so nothing is left behind on any path, SIGKILL included.
 """
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import logging
 import mmap
 import os
 import socket
+import struct
 import sys
 import uuid
 from typing import TYPE_CHECKING, Any
@@ -37,7 +40,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-SHM_DIR = "/dev/shm"
 SLOT_BYTES = 2 << 20  # per rank and half: a larger bucket goes through in pieces
 _open: list["HostGroup"] = []  # closed when the rank's task ends (close_all)
 
@@ -46,10 +48,17 @@ class HostMemoryError(SparkDDLError, RuntimeError):
     """A peer left, or fell out of step, while ranks averaged through shared memory."""
 
 
-def usable_here(world_size: int, local_world_size: int) -> bool:
-    """Whether a group may form: the same answer on every rank of a world on one host."""
-    return (world_size > 1 and local_world_size == world_size and sys.platform == "linux"
-            and os.path.isdir(SHM_DIR) and os.access(SHM_DIR, os.W_OK))
+def one_host(world_size: int, local_world_size: int) -> bool:
+    """Whether every rank of the world runs on this host (the same answer on every rank)."""
+    return world_size > 1 and local_world_size == world_size
+
+
+def usable_here() -> str:
+    """Why this process cannot join a group ("" if it can)."""
+    if sys.platform != "linux" or not hasattr(os, "memfd_create") \
+            or not hasattr(socket, "send_fds"):
+        return f"shared memory between ranks needs Linux (this is {sys.platform})"
+    return ""
 
 
 class HostGroup:
@@ -69,53 +78,53 @@ class HostGroup:
 
     @classmethod
     def open(cls, store: Any, rank: int, world: int, timeout_s: float, largest_bytes: int,
-             tag: str) -> "HostGroup | None":
+             unable: str = "") -> "HostGroup | None":
         """Every rank of the world calls this at the same point; each gets a group, or each
-        gets None (and a log line says why). ``largest_bytes``: the largest bucket, which
-        sizes the slots (up to SLOT_BYTES); ``tag`` names the run and attempt in the file's
-        name."""
+        gets None (rank 0 logs why). ``largest_bytes``: rank 0's largest bucket, which
+        sizes the slots (up to SLOT_BYTES); ``unable``: why this rank cannot join ("" if it
+        can), its vote with the others'."""
         # the groups this rank opened with this store (one per world): every rank counts
         # alike, whatever its Python worker served before
         n = store.add(f"sparkddl/host_memory/opened/{rank}", 1)
         key = f"sparkddl/host_memory/{n}"
-        slot = max(4096, min(SLOT_BYTES, -(-largest_bytes // 4096) * 4096))
+        if rank == 0:  # first, whatever follows: every rank waits for it
+            slot = max(4096, min(SLOT_BYTES, -(-largest_bytes // 4096) * 4096))
+            store.set(f"{key}/name", f"{uuid.uuid4().hex[:16]} {slot}")
+        nonce, slot_text = _text(store.get(f"{key}/name")).split()
+        slot = int(slot_text)
         size = 2 * world * slot
-        path = ""
+        fd = -1
         memory: mmap.mmap | None = None
         listener: socket.socket | None = None
         peers: dict[int, socket.socket] = {}
-        name = ""
         try:
-            if rank == 0:
-                path = os.path.join(SHM_DIR, f"sparkddl-{tag}-{uuid.uuid4().hex[:12]}")
-                memory, why = _create(path, size)
-                store.set(f"{key}/path", path if memory is not None else "")
-            else:
-                path = _text(store.get(f"{key}/path"))
-                memory, why = _attach(path, size) if path else (None, "rank 0 could not")
-            if memory is not None:
-                name = "\0" + os.path.basename(path) if path else ""
-                listener, why = _listen(f"{name}-{rank}", world)
-            if not _agree(store, f"{key}/mapped", rank, world, memory is not None
-                          and listener is not None, why):
+            why = unable or usable_here()
+            if not why:
+                listener, why = _listen(_address(nonce, rank), world)
+            if not why and rank == 0:
+                fd, why = _memory(size)
+            store.set(f"{key}/pid/{rank}", str(os.getpid()))
+            if not _agree(store, f"{key}/ready", rank, world, why):
                 return None
-            if rank == 0:
-                _unlink(path)  # every rank has it mapped: the memory lives until they unmap
-            why = ""
+            pids = {r: int(_text(store.get(f"{key}/pid/{r}"))) for r in range(world)}
             try:
                 for peer in range(rank):
-                    peers[peer] = _connect(f"{name}-{peer}", rank, timeout_s)
+                    peers[peer] = _connect(_address(nonce, peer), rank, pids[peer], timeout_s)
             except OSError as exc:
                 why = f"rank {rank} could not connect to a peer's socket ({exc})"
-            if not _agree(store, f"{key}/linked", rank, world, not why, why):
+            if not _agree(store, f"{key}/connected", rank, world, why):
                 return None
             assert listener is not None
-            listener.settimeout(timeout_s)
-            for _ in range(world - rank - 1):
-                conn, _ = listener.accept()
-                conn.settimeout(timeout_s)
-                peer = int.from_bytes(_recv_exactly(conn, 4), "little")
-                peers[peer] = conn
+            _accept(listener, rank, world, pids, timeout_s, peers, fd)
+            try:
+                if rank == 0:
+                    memory = mmap.mmap(fd, size)
+                else:
+                    memory = _receive_memory(peers[0], size)
+            except OSError as exc:
+                why = f"rank {rank} could not map the shared memory ({exc})"
+            if not _agree(store, f"{key}/mapped", rank, world, why):
+                return None
             assert memory is not None
             group = cls(rank, world, memory, slot, peers)
             if rank == 0:
@@ -126,12 +135,12 @@ class HostGroup:
             _open.append(group)
             return group
         finally:
-            if rank == 0 and path:
-                _unlink(path)
+            if fd >= 0:
+                os.close(fd)  # the mappings keep the memory
             if listener is not None:
                 listener.close()
             for conn in peers.values():
-                conn.close()
+                _shut(conn)
             if memory is not None:
                 memory.close()
 
@@ -203,7 +212,7 @@ class HostGroup:
             return
         self.closed = True
         for conn in self.peers.values():
-            conn.close()
+            _shut(conn)
         self._views.clear()
         if self in _open:
             _open.remove(self)
@@ -219,41 +228,31 @@ def _text(value: Any) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def _create(path: str, size: int) -> tuple[mmap.mmap | None, str]:
+def _address(nonce: str, rank: int) -> str:
+    return f"\0sparkddl-{nonce}-{rank}"  # the abstract namespace: no file, gone with it
+
+
+def _memory(size: int) -> tuple[int, str]:
+    """An anonymous file of ``size`` bytes (nothing named, nothing left on any path)."""
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+        fd = os.memfd_create("sparkddl-gradients", os.MFD_CLOEXEC)
     except OSError as exc:
-        return None, f"could not create {path} ({exc})"
+        return -1, f"could not create shared memory ({exc})"
     try:
-        # reserved now, not on first write: a full /dev/shm (64 MiB in a default Docker
-        # container) is a clear fallback here rather than a SIGBUS in the middle of a step
+        os.ftruncate(fd, size)
+        # reserved now, not on first write: no room is a clear fallback here rather than a
+        # SIGBUS in the middle of a step
         os.posix_fallocate(fd, 0, size)
-        return mmap.mmap(fd, size), ""
+        return fd, ""
     except OSError as exc:
-        return None, f"no room for {size >> 20} MiB in {SHM_DIR} ({exc})"
-    finally:
         os.close(fd)
-
-
-def _attach(path: str, size: int) -> tuple[mmap.mmap | None, str]:
-    try:
-        fd = os.open(path, os.O_RDWR)
-    except OSError as exc:
-        return None, f"could not open {path} ({exc})"
-    try:
-        if os.fstat(fd).st_size != size:
-            return None, f"{path} is not the size rank 0 made it"
-        return mmap.mmap(fd, size), ""
-    except OSError as exc:
-        return None, f"could not map {path} ({exc})"
-    finally:
-        os.close(fd)
+        return -1, f"no room for {size >> 20} MiB of shared memory ({exc})"
 
 
 def _listen(name: str, world: int) -> tuple[socket.socket | None, str]:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.bind(name)  # the abstract namespace: no file, gone with the socket
+        sock.bind(name)
         sock.listen(world)
         return sock, ""
     except OSError as exc:
@@ -261,16 +260,61 @@ def _listen(name: str, world: int) -> tuple[socket.socket | None, str]:
         return None, f"could not open a Unix socket ({exc})"
 
 
-def _connect(name: str, rank: int, timeout_s: float) -> socket.socket:
+def _peer_pid(conn: socket.socket) -> int:
+    pid, _, _ = struct.unpack("3i", conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                    struct.calcsize("3i")))
+    return pid
+
+
+def _connect(name: str, rank: int, pid: int, timeout_s: float) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.settimeout(timeout_s)
         sock.connect(name)
+        if _peer_pid(sock) != pid:
+            raise OSError(f"{name[1:]!r} is held by another process than the rank's")
         sock.sendall(rank.to_bytes(4, "little"))
         return sock
     except OSError:
         sock.close()
         raise
+
+
+def _accept(listener: socket.socket, rank: int, world: int, pids: dict[int, int],
+            timeout_s: float, peers: dict[int, socket.socket], fd: int) -> None:
+    """The higher ranks' connections, each known by the process behind it (a connection from
+    any other process is dropped); rank 0 hands each the memory's file descriptor."""
+    listener.settimeout(timeout_s)
+    expected = set(range(rank + 1, world))
+    while expected:
+        conn, _ = listener.accept()
+        conn.settimeout(timeout_s)
+        try:
+            pid = _peer_pid(conn)
+            peer = int.from_bytes(_recv_exactly(conn, 4), "little")
+        except OSError:
+            conn.close()
+            continue
+        if peer not in expected or pids[peer] != pid:
+            conn.close()
+            continue
+        if fd >= 0:
+            socket.send_fds(conn, [b"m"], [fd])
+        peers[peer] = conn
+        expected.discard(peer)
+
+
+def _receive_memory(conn: socket.socket, size: int) -> mmap.mmap:
+    _, fds, _, _ = socket.recv_fds(conn, 1, 1)
+    if not fds:
+        raise OSError("rank 0 sent no shared memory")
+    try:
+        if os.fstat(fds[0]).st_size != size:
+            raise OSError("the shared memory is not the size rank 0 made it")
+        return mmap.mmap(fds[0], size)
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def _recv_exactly(conn: socket.socket, n: int) -> bytes:
@@ -283,10 +327,20 @@ def _recv_exactly(conn: socket.socket, n: int) -> bytes:
     return data
 
 
-def _agree(store: Any, key: str, rank: int, world: int, ok: bool, why: str) -> bool:
-    """Every rank says whether it is ready; all go on only if all are (else each logs the
-    first reason it knows and falls back to the process group)."""
-    store.set(f"{key}/{rank}", "" if ok else (why or "not ready"))
+def _shut(conn: socket.socket) -> None:
+    """Close ``conn`` for the peer too: a process forked from this one (a DataLoader worker)
+    may hold a copy, which a plain close would leave open."""
+    try:
+        conn.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    conn.close()
+
+
+def _agree(store: Any, key: str, rank: int, world: int, why: str) -> bool:
+    """Every rank says whether it is ready (``why`` not, "" if it is); all go on only if all
+    are, else each falls back to the process group and rank 0 logs the first reason."""
+    store.set(f"{key}/{rank}", why)
     reasons = [_text(store.get(f"{key}/{r}")) for r in range(world)]
     refused = [f"rank {r}: {text}" for r, text in enumerate(reasons) if text]
     if refused:
@@ -295,10 +349,3 @@ def _agree(store: Any, key: str, rank: int, world: int, ok: bool, why: str) -> b
                      refused[0])
         return False
     return True
-
-
-def _unlink(path: str) -> None:
-    try:
-        os.unlink(path)
-    except FileNotFoundError:
-        pass

@@ -52,7 +52,25 @@ def _equivalence(rank: int, world: int) -> dict:
         _fit(strategies.create("allreduce", {"overlap": overlap, "shared_memory": False}),
              module, [(x[mine], y[mine])] * 5, [0.1])
         out[("gloo", overlap)] = _flat(module)
+    for shared in (True, False):
+        out[("sparse", shared)] = _sparse_embedding(rank, shared)
     return out
+
+
+def _sparse_embedding(rank: int, shared: bool) -> torch.Tensor:
+    """Five steps of an embedding with sparse gradients (its own bucket) and a dense layer."""
+    torch.manual_seed(0)
+    module = nn.Sequential(nn.EmbeddingBag(20, 4, mode="sum", sparse=True), nn.Linear(4, 1))
+    strategy = strategies.create("allreduce", {"shared_memory": shared})
+    wrapped = strategy.wrap(module)
+    optimizer = torch.optim.SGD(module.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(rank)
+    for _ in range(5):
+        ids = torch.randint(0, 20, (6, 3), generator=gen)
+        optimizer.zero_grad()
+        strategy.backward(wrapped(ids).square().mean())
+        strategy.step(optimizer)
+    return _flat(module)
 
 
 def _compressed_training(rank: int, world: int) -> dict:
@@ -67,7 +85,8 @@ def _allreduce_family(rank: int, world: int) -> dict:
 
 def _bytes_per_epoch(rank: int, world: int) -> dict:
     """Two epochs of eight steps on a model of three 1024 x 1024 layers: comm per epoch."""
-    configs = {"allreduce": ("allreduce", {}),
+    configs = {"allreduce": ("allreduce", {"shared_memory": False}),  # DDP's own reduction
+               "shared_memory": ("allreduce", {}),
                "no_overlap": ("allreduce", {"overlap": False}),
                "local_sgd": ("local_sgd", {"period": 8})}
     for compression in COMPRESSIONS[1:]:
@@ -136,6 +155,13 @@ def test_shared_memory_gives_the_bits_gloo_gives(equivalence, overlap):
 
 
 @pytest.mark.timeout(TEST_TIMEOUT_S)
+def test_sparse_gradients_go_through_the_process_group_beside_shared_memory(equivalence):
+    for rank_result in equivalence:
+        assert torch.equal(rank_result[("sparse", True)], rank_result[("sparse", False)])
+    assert torch.equal(equivalence[0][("sparse", True)], equivalence[1][("sparse", True)])
+
+
+@pytest.mark.timeout(TEST_TIMEOUT_S)
 @pytest.mark.parametrize("compression", COMPRESSIONS[1:])
 def test_compression_is_the_same_with_and_without_overlap(equivalence, compression):
     """The small model fits one bucket either way, so the DDP hook and the no-overlap path
@@ -180,7 +206,7 @@ def test_bytes_per_epoch_follow_the_strategy(comm_bytes):
     print("bytes per epoch relative to allreduce:",
           {k: round(v, 4) for k, v in ratio.items()})
     assert full >= 8 * 3 * 1024 * 1025 * 4  # eight steps of the whole model
-    assert ratio["no_overlap"] == 1.0
+    assert ratio["no_overlap"] == ratio["shared_memory"] == 1.0
     assert ratio["local_sgd"] <= 1 / 8 * 1.01
     assert 0.49 <= ratio["fp16"] <= 0.51 and 0.49 <= ratio["bf16"] <= 0.51
     assert ratio["topk"] < 0.05
