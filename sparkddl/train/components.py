@@ -7,8 +7,9 @@ the driver into picklable recipes that the ranks rebuild identically.
 from __future__ import annotations
 
 import copy
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from sparkddl.errors import ConfigError
 
@@ -98,6 +99,45 @@ def optimizer_recipe(optimizer: Any, **settings: Any) -> OptimizerRecipe:
         return OptimizerRecipe(factory=optimizer)
     raise ConfigError(f"optimizer must be a factory taking the model's parameters, an "
                       f"optimizer instance or a name, got {type(optimizer).__name__}")
+
+
+# torch.optim.Optimizer's methods that torch wraps in torch._disable_dynamo
+DYNAMO_DISABLED = ("add_param_group", "zero_grad", "state_dict", "load_state_dict")
+
+
+@contextmanager
+def dynamo_left_unloaded() -> Iterator[None]:
+    """While the driver builds throwaway optimizers to check them, their methods run as they
+    are instead of importing torch._dynamo first.
+
+    torch wraps ``Optimizer.add_param_group`` (and a few more) so that the first call imports
+    torch._dynamo, only to run the method outside dynamo's tracing. That import is about a
+    second of CPU, more than the rest of torch's. On a cold fit it came while the executors'
+    Python workers imported torch on the same cores, and it made the executors' check
+    0.3-0.4 s longer on 2 cores. Nothing is traced during the check, so the methods need no
+    disabling. The wrapper caches what it would call as ``fn.__dynamo_disable``: set to the
+    method itself for the check's duration and removed after, it skips the import. Where
+    torch._dynamo is loaded already, or the wrappers are not as expected, nothing changes.
+    """
+    import sys
+
+    import torch
+
+    if "torch._dynamo" in sys.modules:
+        yield
+        return
+    patched = []
+    for name in DYNAMO_DISABLED:
+        fn = getattr(getattr(torch.optim.Optimizer, name, None), "__wrapped__", None)
+        if callable(fn) and getattr(fn, "__dynamo_disable", None) is None:
+            setattr(fn, "__dynamo_disable", fn)  # the name torch reads, unmangled
+            patched.append(fn)
+    try:
+        yield
+    finally:
+        for fn in patched:
+            if getattr(fn, "__dynamo_disable", None) is fn:
+                delattr(fn, "__dynamo_disable")
 
 
 def check_optimizer(recipe: OptimizerRecipe, module: Any, learning_rate: float | None) -> None:
