@@ -22,13 +22,14 @@ STACKS ?= dbr-16.4-ml emr-7 dbr-17.3-ml fabric-2.0 current
 # stack but the Petastorm one, which runs the whole suite: the stack check; the Spark seam
 # (sessions, the calls it makes, pyspark.ml persistence); conversions between Spark, Arrow,
 # pandas, numpy and torch (the data plane's unit tests, the raw-columns path); the lakehouse
-# readers (Delta, Iceberg); torch's APIs (the training step, FSDP2, torch.export, SSP's refusal
+# readers (Delta, Iceberg); torch's APIs (the training step, FSDP2, torch.export, the ranks'
+# shared memory (memfd and fd passing, Python 3.9+), SSP's refusal
 # where TCPStore has no queues: SSP itself needs torch 2.13, the Petastorm stack's);
 # Spark Connect; `run`, the TorchDistributor drop-in and the first fit through Spark;
 # transform reading a Parquet table where it lies (_metadata.row_index: Spark 3.5; Arrow UDFs);
 # the platforms' install lines (docs/install.md) against the stacks that mirror them
 VERSION_TESTS ?= tests/unit/test_stack.py tests/unit/session tests/unit/data tests/unit/tables tests/unit/train \
-	tests/unit/export tests/unit/ml tests/unit/strategies/test_fsdp.py \
+	tests/unit/export tests/unit/ml tests/unit/strategies/test_fsdp.py tests/unit/task/test_host_memory.py \
 	tests/unit/strategies/test_ssp.py::test_ssp_is_refused_by_name_on_a_torch_without_store_queues \
 	$(foreach t,test_allreduce_sums_over_ranks test_unmodified_torchrun_function_trains_ddp \
 	test_failing_rank_surfaces_with_its_traceback,"tests/integration/test_run.py::$(t)[local]") \
