@@ -30,6 +30,7 @@ import os
 import socket
 import struct
 import sys
+import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
@@ -41,6 +42,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 SLOT_BYTES = 2 << 20  # per rank and half: a larger bucket goes through in pieces
+JOIN_WAIT_S = 30.0  # for connections the ranks made before they voted (queued already)
 _open: list["HostGroup"] = []  # closed when the rank's task ends (close_all)
 
 
@@ -55,9 +57,10 @@ def one_host(world_size: int, local_world_size: int) -> bool:
 
 def usable_here() -> str:
     """Why this process cannot join a group ("" if it can)."""
-    if sys.platform != "linux" or not hasattr(os, "memfd_create") \
-            or not hasattr(socket, "send_fds"):
+    if sys.platform != "linux":
         return f"shared memory between ranks needs Linux (this is {sys.platform})"
+    if not hasattr(os, "memfd_create") or not hasattr(socket, "send_fds"):
+        return "this Python has no os.memfd_create or socket.send_fds"
     return ""
 
 
@@ -115,14 +118,20 @@ class HostGroup:
             if not _agree(store, f"{key}/connected", rank, world, why):
                 return None
             assert listener is not None
-            _accept(listener, rank, world, pids, timeout_s, peers, fd)
             try:
+                _accept(listener, rank, world, pids, peers, fd, timeout_s)
                 if rank == 0:
                     memory = mmap.mmap(fd, size)
                 else:
                     memory = _receive_memory(peers[0], size)
-            except OSError as exc:
-                why = f"rank {rank} could not map the shared memory ({exc})"
+            except OSError as exc:  # a timeout included
+                why = f"rank {rank} could not join its peers or map the memory ({exc})"
+                # before the vote: a peer waiting on these for the memory then fails at once
+                listener.close()
+                listener = None
+                for conn in peers.values():
+                    _shut(conn)
+                peers = {}
             if not _agree(store, f"{key}/mapped", rank, world, why):
                 return None
             assert memory is not None
@@ -253,7 +262,7 @@ def _listen(name: str, world: int) -> tuple[socket.socket | None, str]:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind(name)
-        sock.listen(world)
+        sock.listen(max(world, socket.SOMAXCONN))  # strangers cannot fill it before the ranks
         return sock, ""
     except OSError as exc:
         sock.close()
@@ -281,14 +290,17 @@ def _connect(name: str, rank: int, pid: int, timeout_s: float) -> socket.socket:
 
 
 def _accept(listener: socket.socket, rank: int, world: int, pids: dict[int, int],
-            timeout_s: float, peers: dict[int, socket.socket], fd: int) -> None:
+            peers: dict[int, socket.socket], fd: int, timeout_s: float) -> None:
     """The higher ranks' connections, each known by the process behind it (a connection from
-    any other process is dropped); rank 0 hands each the memory's file descriptor."""
-    listener.settimeout(timeout_s)
+    any other process is dropped); rank 0 hands each the memory's file descriptor. Every
+    rank connected and sent its rank before the vote that leads here, so what is awaited is
+    queued already: a short wait, which a stranger's silent connection cannot stretch."""
+    deadline = time.monotonic() + JOIN_WAIT_S
     expected = set(range(rank + 1, world))
     while expected:
+        listener.settimeout(max(0.01, deadline - time.monotonic()))
         conn, _ = listener.accept()
-        conn.settimeout(timeout_s)
+        conn.settimeout(max(0.01, deadline - time.monotonic()))
         try:
             pid = _peer_pid(conn)
             peer = int.from_bytes(_recv_exactly(conn, 4), "little")
@@ -300,12 +312,18 @@ def _accept(listener: socket.socket, rank: int, world: int, pids: dict[int, int]
             continue
         if fd >= 0:
             socket.send_fds(conn, [b"m"], [fd])
+        conn.settimeout(timeout_s)  # from here on, a wait in an average
         peers[peer] = conn
         expected.discard(peer)
 
 
 def _receive_memory(conn: socket.socket, size: int) -> mmap.mmap:
-    _, fds, _, _ = socket.recv_fds(conn, 1, 1)
+    waits = conn.gettimeout()
+    conn.settimeout(JOIN_WAIT_S)  # rank 0 sends it as it accepts, right after the vote
+    try:
+        _, fds, _, _ = socket.recv_fds(conn, 1, 1, socket.MSG_CMSG_CLOEXEC)
+    finally:
+        conn.settimeout(waits)
     if not fds:
         raise OSError("rank 0 sent no shared memory")
     try:

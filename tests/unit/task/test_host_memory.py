@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import os
 import random
+import socket
 import sys
+import threading
 import time
 from typing import Any
 
@@ -56,13 +58,40 @@ def _lagging(rank: int, world: int, group: Any, ops: int = 300) -> bool:
     return good
 
 
+def _impostor(n: int) -> None:
+    """Connects to rank 1's socket of group ``n`` as soon as it is bound, claiming rank 2
+    (with a store client of its own: a blocking get holds a client's socket)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from sparkddl.task import context
+    ctx = context.current()
+    store = dist.TCPStore(ctx.master_addr, ctx.master_port, is_master=False,
+                          timeout=timedelta(seconds=30))
+    nonce = store.get(f"sparkddl/host_memory/{n}/name").decode().split()[0]
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.connect(f"\0sparkddl-{nonce}-1")
+            sock.sendall((2).to_bytes(4, "little"))
+            time.sleep(3)  # held open while the group forms
+            sock.close()
+            return
+        except OSError:
+            sock.close()
+            time.sleep(0.005)
+
+
 def _ranks(rank: int, world: int) -> dict:
     before = set(os.listdir("/dev/shm")) if os.path.isdir("/dev/shm") else set()
     # a slot of 4 KiB: a bucket of 10,000 floats goes through in ten pieces
     group = _open(rank, world)
     assert group is not None
-    out: dict[str, Any] = {"named": sorted(
-        set(os.listdir("/dev/shm")) - before if os.path.isdir("/dev/shm") else set())}
+    out: dict[str, Any] = {"named": sorted(  # other processes' files come and go there
+        n for n in (set(os.listdir("/dev/shm")) - before if os.path.isdir("/dev/shm") else ())
+        if "sparkddl" in n)}
     for dtype in (torch.float32, torch.float64, torch.bfloat16, torch.float16):
         flat = _inputs(rank, dtype, 10_000)
         out[str(dtype)] = group.average_(flat).clone()
@@ -82,7 +111,23 @@ def _ranks(rank: int, world: int) -> dict:
         out["skew"] = ""
     except host_memory.HostMemoryError as exc:
         out["skew"] = str(exc)
+    # every rank has looked before any closes: a rank that closed first would be seen as
+    # leaving by a peer still writing to it
+    torch.distributed.barrier()
     skewed.close()
+
+    # another process (rank 0 here) connects to rank 1 first and claims to be rank 2: rank
+    # 1 drops it (not rank 2's process), and the group forms with the real rank 2
+    if rank == 0:
+        thread = threading.Thread(target=_impostor, args=(4,), daemon=True)  # the 4th group
+        thread.start()
+    guarded = _open(rank, world)
+    out["impostor"] = guarded is not None and torch.equal(
+        guarded.average_(torch.full((8,), float(rank))), torch.full((8,), 1.0))
+    if rank == 0:
+        thread.join(timeout=20)
+    if guarded is not None:
+        guarded.close()
 
     # rank 2 leaves (its task ended): the others fail at once, naming it
     if rank == 2:
@@ -142,6 +187,11 @@ def test_ranks_out_of_step_are_told_so(runs):
     for rank in (0, 1):
         assert "out of step" in runs[rank]["skew"], runs[rank]["skew"]
         assert "same number of optimizer steps" in runs[rank]["skew"]
+
+
+@pytest.mark.timeout(SPAWN_TIMEOUT_S + 30)
+def test_a_process_that_claims_a_ranks_place_is_dropped(runs):
+    assert [r["impostor"] for r in runs] == [True] * WORLD
 
 
 @pytest.mark.timeout(SPAWN_TIMEOUT_S + 30)
