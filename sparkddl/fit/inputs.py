@@ -20,7 +20,6 @@ from sparkddl.train.components import (
     OptimizerRecipe,
     build_module,
     check_optimizer,
-    dynamo_left_unloaded,
     model_factory,
     optimizer_recipe,
     resolve_loss,
@@ -128,8 +127,7 @@ def fit_components(model: Any, optimizer: Any, loss: Any, config: TrainConfig) -
     factory = model_factory(model)
     module = build_module(factory)
     recipe = optimizer_recipe(optimizer)
-    with dynamo_left_unloaded():  # about a second of CPU the executors' check needs more
-        check_optimizer(recipe, module, config.learning_rate)
+    checked = check_optimizer(recipe, module, config.learning_rate)
     check_precision(config.precision, config.use_gpu)
     losses = [resolve_loss(x) for x in loss] if isinstance(loss, (list, tuple)) else \
         resolve_loss(loss)
@@ -143,9 +141,7 @@ def fit_components(model: Any, optimizer: Any, loss: Any, config: TrainConfig) -
     schedule = scheduler_recipe(config.lr_scheduler, config.lr_scheduler_options,
                                 config.lr_scheduler_interval)
     # before the data is prepared (which may take long); the real length comes later
-    with dynamo_left_unloaded():
-        check_scheduler(schedule, recipe.build(module.parameters(), config.learning_rate),
-                        config.epochs, optimizer_steps_per_epoch=1)
+    check_scheduler(schedule, checked, config.epochs, optimizer_steps_per_epoch=1)
     return Components(factory, module, recipe, losses, step_fn, schedule)
 
 

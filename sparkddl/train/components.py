@@ -140,17 +140,20 @@ def dynamo_left_unloaded() -> Iterator[None]:
                 delattr(fn, "__dynamo_disable")
 
 
-def check_optimizer(recipe: OptimizerRecipe, module: Any, learning_rate: float | None) -> None:
-    """Build it once on the driver against the real parameters: fail here, not on the ranks."""
+def check_optimizer(recipe: OptimizerRecipe, module: Any, learning_rate: float | None) -> Any:
+    """Build it once on the driver against the real parameters: fail here, not on the ranks.
+    Returns that throwaway optimizer (the scheduler's check builds on it)."""
     import torch
     try:
-        opt = recipe.build(module.parameters(), learning_rate)
+        with dynamo_left_unloaded():
+            opt = recipe.build(module.parameters(), learning_rate)
     except Exception as exc:
         raise ConfigError(f"the optimizer could not be built on the model's parameters: "
                           f"{type(exc).__name__}: {exc}") from exc
     if not isinstance(opt, torch.optim.Optimizer):
         raise ConfigError(f"the optimizer factory returned a {type(opt).__name__}, not a "
                           "torch.optim.Optimizer")
+    return opt
 
 
 def resolve_loss(loss: Any) -> Callable[..., Any]:

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable
 
 from sparkddl.errors import ConfigError
+from sparkddl.train.components import dynamo_left_unloaded
 
 # name -> (torch.optim.lr_scheduler class, defaults); cosine and onecycle get the fit's length
 SCHEDULERS = {"step": ("StepLR", {"step_size": 10}), "multistep": ("MultiStepLR", {}),
@@ -72,7 +73,8 @@ def check_scheduler(recipe: SchedulerRecipe | None, optimizer: Any, epochs: int,
     if recipe is None:
         return
     try:
-        recipe.build(optimizer, epochs, optimizer_steps_per_epoch)
+        with dynamo_left_unloaded():
+            recipe.build(optimizer, epochs, optimizer_steps_per_epoch)
     except ConfigError:
         raise
     except Exception as exc:
