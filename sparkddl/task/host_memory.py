@@ -34,6 +34,7 @@ import time
 import uuid
 from typing import TYPE_CHECKING, Any
 
+from sparkddl.channel.protocol import recv_exact
 from sparkddl.errors import SparkDDLError
 
 if TYPE_CHECKING:
@@ -167,7 +168,8 @@ class HostGroup:
         import torch
 
         if self.closed:
-            raise HostMemoryError(f"rank {self.rank}: the shared-memory group is closed")
+            raise HostMemoryError(f"rank {self.rank}: this shared-memory group was closed when "
+                                  "its task ended; a later task's strategy opens its own")
         per = self.slot_bytes // flat.element_size()
         for start in range(0, flat.numel(), per):
             part = flat[start:start + per]
@@ -195,8 +197,9 @@ class HostGroup:
             except TimeoutError:
                 raise HostMemoryError(
                     f"rank {self.rank} waited {conn.gettimeout():.0f} s for rank {peer} in the "
-                    f"gradient average (shared memory); rank {peer} is stuck or far behind"
-                ) from None
+                    f"gradient average (shared memory); rank {peer} is stuck or far behind: the "
+                    f"driver's error says where it was (watchdogTimeout stops a fit whose ranks "
+                    f"make no progress sooner)") from None
             except OSError as exc:
                 raise self._lost(peer, f"its connection closed ({exc.strerror or exc})") from exc
             if not got:
@@ -303,7 +306,7 @@ def _accept(listener: socket.socket, rank: int, world: int, pids: dict[int, int]
         conn.settimeout(max(0.01, deadline - time.monotonic()))
         try:
             pid = _peer_pid(conn)
-            peer = int.from_bytes(_recv_exactly(conn, 4), "little")
+            peer = int.from_bytes(recv_exact(conn, 4), "little")
         except OSError:
             conn.close()
             continue
@@ -333,16 +336,6 @@ def _receive_memory(conn: socket.socket, size: int) -> mmap.mmap:
     finally:
         for fd in fds:
             os.close(fd)
-
-
-def _recv_exactly(conn: socket.socket, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        got = conn.recv(n - len(data))
-        if not got:
-            raise OSError("the peer closed its socket while joining")
-        data += got
-    return data
 
 
 def _shut(conn: socket.socket) -> None:
